@@ -1,0 +1,20 @@
+"""The functional core: one pure attention function, its masks and its backends."""
+
+from . import masks
+from .attention import Explanation, attention, explain
+from .backends import available_backends, get_backend, register_backend, unregister_backend
+from .call import AttentionCall
+from .sdpa_compat import scaled_dot_product_attention
+
+__all__ = [
+    "AttentionCall",
+    "Explanation",
+    "attention",
+    "available_backends",
+    "explain",
+    "get_backend",
+    "masks",
+    "register_backend",
+    "scaled_dot_product_attention",
+    "unregister_backend",
+]

@@ -1,0 +1,94 @@
+"""`attention()`: the one pure function every multihead module calls.
+
+Shapes: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> (B, H, Tq, Dv)
+[, weights (B, H, Tq, Tk)].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from .backends import available_backends, get_backend, select_backend
+from .call import make_call
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    backend: str = "auto",
+):
+    """Scaled dot-product attention over heads, with grouped-query support.
+
+    Args:
+        q: queries `(B, H, Tq, D)`.
+        k: keys `(B, Hkv, Tk, D)`; `Hkv` must divide `H` (query head h reads kv head
+            `h // (H // Hkv)`, as torch's `enable_gqa`).
+        v: values `(B, Hkv, Tk, Dv)`.
+        mask: boolean, **True = may attend**, broadcastable to `(B, H, Tq, Tk)`.
+        bias: float, added to the scores (ALiBi, relative positions), same broadcasting.
+            `-inf` entries block keys like the mask does.
+        causal: query i may see keys `0 .. i + Tk - Tq` (aligned bottom-right, as decoding
+            with a KV cache needs). Combines with `mask` and `bias`.
+        scale: multiplies `q @ k^T`; defaults to `1 / sqrt(D)`.
+        dropout_p: dropout on the attention probabilities (apply it only in training).
+        return_weights: also return the weights `(B, H, Tq, Tk)` (after dropout, as torch does);
+            this runs the eager backend.
+        backend: a registered backend name, or "auto" for the fastest that can run the call.
+
+    A query row that may attend to nothing returns zeros (output, weights and gradients).
+
+    Returns:
+        the output `(B, H, Tq, Dv)`, or `(output, weights)` when `return_weights=True`.
+    """
+    call = make_call(q, k, v, mask, bias, causal, scale, dropout_p, return_weights)
+    out, weights = select_backend(call, backend).run(call)
+    if return_weights:
+        return out, weights
+    return out
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Which backend `attention()` would run for some inputs, and why the others would not."""
+
+    chosen: str
+    reasons: dict[str, list[str]]  # backend name -> reasons it cannot run (empty: it can)
+
+    def __str__(self) -> str:
+        lines = [f"backend: {self.chosen}"]
+        for name, why in self.reasons.items():
+            if name == self.chosen:
+                continue
+            lines.append(f"  {name}: " + ("; ".join(why) if why else "can run (lower priority)"))
+        return "\n".join(lines)
+
+
+def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Explanation:
+    """Tell which backend `attention(q, k, v, **kwargs)` would run, and why each other one would not."""
+    backend = kwargs.pop("backend", "auto")
+    unknown = set(kwargs) - {"mask", "bias", "causal", "scale", "dropout_p", "return_weights"}
+    if unknown:
+        raise TypeError(f"explain() got unexpected keyword arguments: {sorted(unknown)}")
+    call = make_call(
+        q,
+        k,
+        v,
+        kwargs.get("mask"),
+        kwargs.get("bias"),
+        kwargs.get("causal", False),
+        kwargs.get("scale"),
+        kwargs.get("dropout_p", 0.0),
+        kwargs.get("return_weights", False),
+    )
+    reasons = {name: get_backend(name).why_not(call) for name in available_backends()}
+    return Explanation(select_backend(call, backend).name, reasons)

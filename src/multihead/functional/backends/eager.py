@@ -1,0 +1,42 @@
+"""The reference backend: the textbook formula, softmax in fp32. The only one that returns weights.
+
+Shapes: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> out (B, H, Tq, Dv),
+weights (B, H, Tq, Tk).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..call import AttentionCall
+from .allowed import allowed_mask
+
+
+def eager_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+    q, k, v = call.q, call.k, call.v
+    if call.groups > 1:
+        # (B, Hkv, Tk, D) -> (B, H, Tk, D): query head h reads key/value head h // groups.
+        k = k.repeat_interleave(call.groups, dim=1)
+        v = v.repeat_interleave(call.groups, dim=1)
+    # Half precision accumulates scores and probabilities in fp32; fp32/fp64 stay as they are.
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * call.scale  # (B, H, Tq, Tk)
+    if call.bias is not None:
+        scores = scores + call.bias.to(acc)
+    allowed = allowed_mask(call)
+    if call.bias is not None:
+        # A -inf bias blocks a key just as the mask does; a row with no finite score must not NaN.
+        finite = scores > float("-inf")
+        allowed = finite if allowed is None else allowed & finite
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(acc).min)
+    weights = torch.softmax(scores, dim=-1)
+    if allowed is not None:
+        # Finite fill turns a fully masked row into a uniform one; zero it (output and gradients).
+        weights = weights.masked_fill(~allowed, 0.0)
+    if call.dropout_p > 0.0:
+        weights = F.dropout(weights, p=call.dropout_p, training=True)
+    out = torch.matmul(weights, v.to(acc)).to(q.dtype)  # (B, H, Tq, Dv)
+    return out, (weights.to(q.dtype) if call.return_weights else None)

@@ -1,0 +1,87 @@
+"""A registry of attention backends: functions with one signature, chosen by name.
+
+Each backend is `run(call) -> (output, weights or None)` plus `why_not(call) -> list of reasons`
+(empty when it can run the call). `backend="auto"` takes the highest-priority backend with no reasons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from ..call import AttentionCall
+
+RunFn = Callable[[AttentionCall], "tuple[Tensor, Tensor | None]"]
+WhyNotFn = Callable[[AttentionCall], "list[str]"]
+
+
+def _always(call: AttentionCall) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    run: RunFn
+    why_not: WhyNotFn = field(default=_always)
+    priority: int = 0
+
+
+_BACKENDS: dict[str, Backend] = {}
+_ORDER: list[Backend] = []  # by descending priority; rebuilt on registration
+
+
+def register_backend(
+    name: str,
+    run: RunFn,
+    *,
+    why_not: WhyNotFn | None = None,
+    priority: int = 0,
+    replace: bool = False,
+) -> Backend:
+    """Add a backend. `why_not(call)` lists the reasons it cannot run a call (empty = it can);
+    `backend="auto"` tries backends from the highest `priority` down."""
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(f"backend name must be a non-empty string other than 'auto', got {name!r}")
+    if name in _BACKENDS and not replace:
+        raise ValueError(f"backend {name!r} is already registered (pass replace=True to override)")
+    backend = Backend(name, run, why_not or _always, priority)
+    _BACKENDS[name] = backend
+    _ORDER[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    get_backend(name)
+    del _BACKENDS[name]
+    _ORDER[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return _BACKENDS[name]
+    except (KeyError, TypeError):
+        known = ", ".join(["auto", *_BACKENDS])
+        raise ValueError(f"unknown backend {name!r}; known backends: {known}") from None
+
+
+def available_backends() -> list[str]:
+    """Registered backend names, in the order `backend="auto"` tries them."""
+    return [b.name for b in _ORDER]
+
+
+def select_backend(call: AttentionCall, name: str) -> Backend:
+    """The backend that runs `call`: the named one (if it can), or the first able one for 'auto'."""
+    if name == "auto":
+        for backend in _ORDER:
+            if not backend.why_not(call):
+                return backend
+        reasons = {b.name: b.why_not(call) for b in _ORDER}
+        raise ValueError(f"no attention backend can run this call: {reasons}")
+    backend = get_backend(name)
+    reasons = backend.why_not(call)
+    if reasons:
+        raise ValueError(f"backend {name!r} cannot run this call: " + "; ".join(reasons))
+    return backend

@@ -1,0 +1,212 @@
+"""MultiHeadAttention: owns the projections and the reshapes; the math is `functional.attention`.
+
+Shape legend: B batch, Tq/Tk query/key lengths, C embed_dim, H heads, Hkv key/value heads,
+D head_dim.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional import attention
+from ..functional.masks import key_mask_to_mask
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with grouped-query support: self or cross, masked, causal.
+
+    Self-attention with `kdim == vdim == embed_dim` uses one packed projection `in_proj`
+    (rows ordered q, k, v) and so one fused matmul; otherwise `q_proj`, `k_proj`, `v_proj`.
+
+    Args:
+        embed_dim: width C of the query input and of the output.
+        num_heads: query heads H.
+        num_kv_heads: key/value heads Hkv (must divide H); defaults to H. 1 = multi-query.
+        head_dim: width D of each head; defaults to `embed_dim // num_heads`.
+        kdim, vdim: widths of the key and value inputs (cross-attention); default `embed_dim`.
+        bias: biases on the projections.
+        dropout: dropout on the attention probabilities, in training mode only.
+        causal: default for `forward(causal=...)`.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        causal: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        embed_dim = _positive_int("embed_dim", embed_dim)
+        num_heads = _positive_int("num_heads", num_heads)
+        num_kv_heads = _positive_int("num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads)
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})"
+            )
+        if head_dim is None:
+            if embed_dim % num_heads != 0:
+                raise ValueError(
+                    f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}) "
+                    "when head_dim is not given"
+                )
+            head_dim = embed_dim // num_heads
+        head_dim = _positive_int("head_dim", head_dim)
+        kdim = _positive_int("kdim", embed_dim if kdim is None else kdim)
+        vdim = _positive_int("vdim", embed_dim if vdim is None else vdim)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+
+        self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dropout = float(dropout)
+        self.causal = bool(causal)
+        self.packed = kdim == embed_dim and vdim == embed_dim
+        q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
+        factory = {"device": device, "dtype": dtype}
+        if self.packed:
+            self.in_proj = nn.Linear(embed_dim, q_width + 2 * kv_width, bias=bias, **factory)
+        else:
+            self.q_proj = nn.Linear(embed_dim, q_width, bias=bias, **factory)
+            self.k_proj = nn.Linear(kdim, kv_width, bias=bias, **factory)
+            self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
+        self.out_proj = nn.Linear(q_width, embed_dim, bias=bias, **factory)
+        self._split = (q_width, kv_width, kv_width)
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, causal={self.causal}"
+        )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        causal: bool | None = None,
+        return_weights: bool = False,
+    ):
+        """Attend from `query` `(B, Tq, C)` to `key` `(B, Tk, kdim)` / `value` `(B, Tk, vdim)`.
+
+        `key` and `value` default to `query` (self-attention); `value` defaults to `key`.
+        `mask`: boolean, True = may attend, broadcastable to `(B, H, Tq, Tk)`.
+        `key_mask`: `(B, Tk)`, True = a real key (padding is False).
+        `causal`: overrides the constructor's default (bottom-right aligned).
+        Unbatched `(T, C)` inputs give unbatched outputs.
+
+        Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
+        """
+        self_attention = key is None or (key is query and (value is None or value is query))
+        key = query if key is None else key
+        value = key if value is None else value
+        unbatched = self._check_inputs(query, key, value)
+        if unbatched:
+            query, key, value = query[None], key[None], value[None]
+            if key_mask is not None:
+                key_mask = key_mask[None]
+        if key_mask is not None:
+            if key_mask.dim() != 2 or key_mask.shape != (key.shape[0], key.shape[1]):
+                raise ValueError(
+                    f"key_mask must have shape (B, Tk) = {(key.shape[0], key.shape[1])}, "
+                    f"got {tuple(key_mask.shape)}"
+                )
+            key_mask = key_mask_to_mask(key_mask)  # (B, Tk) -> (B, 1, 1, Tk)
+            mask = key_mask if mask is None else mask & key_mask
+
+        q, k, v = self._project(query, key, value, self_attention)
+        result = attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            causal=self.causal if causal is None else causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=return_weights,
+        )
+        out, weights = result if return_weights else (result, None)
+        B, Tq = query.shape[0], query.shape[1]
+        out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, -1))  # (B, H, Tq, D) -> (B, Tq, C)
+        if unbatched:
+            out = out[0]
+            weights = None if weights is None else weights[0]
+        return (out, weights) if return_weights else out
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> bool:
+        for name, t, width in (
+            ("query", query, self.embed_dim),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() not in (2, 3) or t.shape[-1] != width:
+                raise ValueError(
+                    f"{name} must have shape (B, T, {width}) or (T, {width}), got {tuple(t.shape)}"
+                )
+        if not query.dim() == key.dim() == value.dim():
+            raise ValueError(
+                f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                f"{tuple(value.shape)} must all be batched (3-D) or all unbatched (2-D)"
+            )
+        if query.dim() == 3 and not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(
+                f"batch sizes differ: query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
+            )
+        if key.shape[-2] != value.shape[-2]:
+            raise ValueError(
+                f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same length"
+            )
+        return query.dim() == 2
+
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, T, n*D) -> (B, n, T, D)
+
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Inputs -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D)."""
+        H, Hkv = self.num_heads, self.num_kv_heads
+        if not self.packed:
+            return (
+                self._heads(self.q_proj(query), H),
+                self._heads(self.k_proj(key), Hkv),
+                self._heads(self.v_proj(value), Hkv),
+            )
+        weight, bias = self.in_proj.weight, self.in_proj.bias
+        if self_attention:
+            qkv = F.linear(query, weight, bias)  # (B, T, (H + 2 Hkv) D), one fused matmul
+            q, k, v = qkv.split(self._split, dim=-1)
+        else:
+            qw, kw, vw = weight.split(self._split)
+            qb, kb, vb = (None, None, None) if bias is None else bias.split(self._split)
+            q = F.linear(query, qw, qb)
+            if key is value:
+                # The k and v rows are adjacent in the packed weight: one matmul for both.
+                q_width = self._split[0]
+                kv_bias = None if bias is None else bias[q_width:]
+                k, v = F.linear(key, weight[q_width:], kv_bias).chunk(2, dim=-1)
+            else:
+                k, v = F.linear(key, kw, kb), F.linear(value, vw, vb)
+        return self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)

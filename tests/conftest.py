@@ -1,0 +1,29 @@
+import pytest
+import torch
+
+# One tolerance table for every numeric comparison against the fp64 reference.
+TOLERANCES = {
+    torch.float64: dict(atol=1e-10, rtol=1e-8),
+    torch.float32: dict(atol=1e-5, rtol=1e-4),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+}
+
+
+def assert_close(actual, expected, dtype=None):
+    dtype = dtype or actual.dtype
+    torch.testing.assert_close(actual.double(), expected.double(), **TOLERANCES[dtype])
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,82 @@
+"""The backend registry, backend="auto" selection and explain()."""
+
+import pytest
+import torch
+
+from multihead.functional import (
+    attention,
+    available_backends,
+    explain,
+    register_backend,
+    unregister_backend,
+)
+from multihead.functional.backends import get_backend
+
+
+def qkv():
+    return torch.randn(2, 4, 5, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+
+
+def test_builtin_backends_in_priority_order():
+    assert available_backends()[:2] == ["sdpa", "eager"]
+
+
+def test_auto_prefers_sdpa_and_weights_route_to_eager():
+    q, k, v = qkv()
+    assert explain(q, k, v).chosen == "sdpa"
+    e = explain(q, k, v, return_weights=True)
+    assert e.chosen == "eager"
+    assert "weights" in " ".join(e.reasons["sdpa"])
+    assert "sdpa" in str(e) and "weights" in str(e)
+
+
+def test_explicit_backend_that_cannot_run_lists_reasons():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="backend 'sdpa' cannot run.*weights"):
+        attention(q, k, v, return_weights=True, backend="sdpa")
+    q0 = q[:, :, :0]
+    with pytest.raises(ValueError, match="weights.*empty sequence"):
+        attention(q0, k, v, return_weights=True, backend="sdpa")
+
+
+def test_unknown_backend_names_the_known_ones():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="unknown backend 'flash9'.*auto, .*sdpa"):
+        attention(q, k, v, backend="flash9")
+
+
+def test_register_a_backend_in_one_call_and_auto_uses_it():
+    calls = []
+
+    def doubling(call):
+        calls.append(call)
+        out, _ = get_backend("eager").run(call)
+        return out * 2, None
+
+    def why_not(call):
+        return ["only for causal calls"] if not call.causal else []
+
+    register_backend("doubling", doubling, why_not=why_not, priority=100)
+    try:
+        q, k, v = qkv()
+        ref = attention(q, k, v, causal=True, backend="eager")
+        torch.testing.assert_close(attention(q, k, v, causal=True), ref * 2)
+        assert explain(q, k, v).chosen == "sdpa"
+        assert explain(q, k, v).reasons["doubling"] == ["only for causal calls"]
+        assert calls[0].groups == 2 and calls[0].scale == pytest.approx(8**-0.5)
+        with pytest.raises(ValueError, match="already registered"):
+            register_backend("doubling", doubling)
+    finally:
+        unregister_backend("doubling")
+    assert "doubling" not in available_backends()
+
+
+def test_register_rejects_reserved_name():
+    with pytest.raises(ValueError, match="auto"):
+        register_backend("auto", lambda call: (call.q, None))
+
+
+def test_explain_rejects_unknown_kwargs():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="maks"):
+        explain(q, k, v, maks=None)
