@@ -79,6 +79,7 @@ def reference_mha(
     query (B, Tq, C), key (B, Tk, kdim), value (B, Tk, vdim); weights as nn.Linear stores them.
     Returns out (B, Tq, C) and per-head weights (B, H, Tq, Tk).
     """
+
     def lin(x, w, b):
         y = x.double() @ w.double().T
         return y if b is None else y + b.double()
@@ -88,10 +89,14 @@ def reference_mha(
     heads, all_weights = [], []
     for h in range(num_heads):
         g = h // (num_heads // num_kv_heads)
-        qh = Q[:, :, h * D:(h + 1) * D][:, None]  # (B, 1, Tq, D)
-        kh = K[:, :, g * D:(g + 1) * D][:, None]
-        vh = V[:, :, g * D:(g + 1) * D][:, None]
-        mh = None if mask is None else mask.expand(Q.shape[0], num_heads, Q.shape[1], K.shape[1])[:, h:h + 1]
+        qh = Q[:, :, h * D : (h + 1) * D][:, None]  # (B, 1, Tq, D)
+        kh = K[:, :, g * D : (g + 1) * D][:, None]
+        vh = V[:, :, g * D : (g + 1) * D][:, None]
+        mh = (
+            None
+            if mask is None
+            else mask.expand(Q.shape[0], num_heads, Q.shape[1], K.shape[1])[:, h : h + 1]
+        )
         o, w = reference_attention(qh, kh, vh, mask=mh, causal=causal)
         heads.append(o[:, 0])
         all_weights.append(w[:, 0])

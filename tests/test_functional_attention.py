@@ -5,10 +5,11 @@ import math
 
 import pytest
 import torch
-from conftest import assert_close
-from reference import reference_attention
 
 from multihead.functional import attention
+
+from conftest import assert_close
+from reference import reference_attention
 
 # Mutually distinct sizes so a swapped axis cannot pass.
 B, H, TQ, TK, D, DV = 2, 6, 5, 7, 8, 4
@@ -135,7 +136,7 @@ def test_gradients_match_reference_across_backends():
 
     ref_grads = torch.autograd.grad(ref_fn(q, k, v), (q, k, v))
     for got in grads:
-        for g, r in zip(got, ref_grads):
+        for g, r in zip(got, ref_grads, strict=True):
             assert_close(g, r)
 
 
@@ -174,7 +175,9 @@ def test_dropout(backend):
     dropped = attention(q, k, v, dropout_p=0.5, backend=backend)
     assert not torch.allclose(dropped, plain)
     # Inverted dropout keeps the expectation: average many draws.
-    mean = torch.stack([attention(q, k, v, dropout_p=0.5, backend=backend) for _ in range(400)]).mean(0)
+    mean = torch.stack(
+        [attention(q, k, v, dropout_p=0.5, backend=backend) for _ in range(400)]
+    ).mean(0)
     torch.testing.assert_close(mean, plain, atol=0.25, rtol=0)
 
 

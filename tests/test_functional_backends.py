@@ -32,16 +32,16 @@ def test_auto_prefers_sdpa_and_weights_route_to_eager():
 
 def test_explicit_backend_that_cannot_run_lists_reasons():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="backend 'sdpa' cannot run.*weights"):
+    with pytest.raises(ValueError, match=r"backend 'sdpa' cannot run.*weights"):
         attention(q, k, v, return_weights=True, backend="sdpa")
     q0 = q[:, :, :0]
-    with pytest.raises(ValueError, match="weights.*empty sequence"):
+    with pytest.raises(ValueError, match=r"weights.*empty sequence"):
         attention(q0, k, v, return_weights=True, backend="sdpa")
 
 
 def test_unknown_backend_names_the_known_ones():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="unknown backend 'flash9'.*auto, .*sdpa"):
+    with pytest.raises(ValueError, match=r"unknown backend 'flash9'.*auto, .*sdpa"):
         attention(q, k, v, backend="flash9")
 
 
@@ -64,7 +64,7 @@ def test_register_a_backend_in_one_call_and_auto_uses_it():
         assert explain(q, k, v).chosen == "sdpa"
         assert explain(q, k, v).reasons["doubling"] == ["only for causal calls"]
         assert calls[0].groups == 2 and calls[0].scale == pytest.approx(8**-0.5)
-        with pytest.raises(ValueError, match="already registered"):
+        with pytest.raises(ValueError, match=r"already registered"):
             register_backend("doubling", doubling)
     finally:
         unregister_backend("doubling")
@@ -72,11 +72,11 @@ def test_register_a_backend_in_one_call_and_auto_uses_it():
 
 
 def test_register_rejects_reserved_name():
-    with pytest.raises(ValueError, match="auto"):
+    with pytest.raises(ValueError, match=r"auto"):
         register_backend("auto", lambda call: (call.q, None))
 
 
 def test_explain_rejects_unknown_kwargs():
     q, k, v = qkv()
-    with pytest.raises(TypeError, match="maks"):
+    with pytest.raises(TypeError, match=r"maks"):
         explain(q, k, v, maks=None)

@@ -13,7 +13,7 @@ def test_causal_alignments():
     tl = masks.causal(2, 4, align="top_left")
     assert tl.tolist() == [[True, False, False, False], [True, True, False, False]]
     assert torch.equal(masks.causal(3), torch.ones(3, 3, dtype=torch.bool).tril())
-    with pytest.raises(ValueError, match="align"):
+    with pytest.raises(ValueError, match=r"align"):
         masks.causal(2, 2, align="middle")
 
 
@@ -29,7 +29,7 @@ def test_sliding_window():
     assert masks.sliding_window(1, 5, 2).tolist() == [[False, False, False, True, True]]
     sym = masks.sliding_window(3, 3, 2, causal=False)
     assert sym.tolist() == [[True, True, False], [True, True, True], [False, True, True]]
-    with pytest.raises(ValueError, match="window"):
+    with pytest.raises(ValueError, match=r"window"):
         masks.sliding_window(3, 3, 0)
 
 
@@ -38,9 +38,9 @@ def test_padding_and_key_mask():
     assert m.tolist() == [[True, True, False], [False, False, False], [True, True, True]]
     assert masks.padding(torch.tensor([1]), max_len=3).tolist() == [[True, False, False]]
     assert masks.key_mask_to_mask(m).shape == (3, 1, 1, 3)
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match=r"max_len"):
         masks.padding([4], max_len=2)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match=r"non-negative"):
         masks.padding([-1])
 
 
@@ -56,11 +56,11 @@ def test_combine():
 def test_conversions():
     blocked = torch.tensor([[False, True]])
     assert masks.from_torch_mha(blocked).tolist() == [[True, False]]
-    with pytest.raises(TypeError, match="bias"):
+    with pytest.raises(TypeError, match=r"bias"):
         masks.from_torch_mha(torch.zeros(1, 2))
     hf = torch.tensor([[1, 1, 0]])
     assert masks.from_hf_padding(hf).tolist() == [[True, True, False]]
-    with pytest.raises(ValueError, match="0 .*1"):
+    with pytest.raises(ValueError, match=r"0 .*1"):
         masks.from_hf_padding(torch.tensor([[2, 1]]))
     bias = masks.to_bias(torch.tensor([True, False]))
     assert bias[0] == 0 and bias[1] == torch.finfo(torch.float32).min
@@ -78,8 +78,6 @@ def test_bias_from_mask_equals_mask():
 def test_sliding_window_mask_through_attention_matches_explicit_causal():
     q, k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
     big_window = masks.sliding_window(6, 6, 6)
-    torch.testing.assert_close(
-        attention(q, k, v, mask=big_window), attention(q, k, v, causal=True)
-    )
+    torch.testing.assert_close(attention(q, k, v, mask=big_window), attention(q, k, v, causal=True))
     call = make_call(q, k, v, big_window, None, False, None, 0.0, False)
     assert call.mask is big_window

@@ -11,8 +11,15 @@ def rand(*shape):
     return torch.randn(*shape, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("shape_q,shape_kv", [((2, 3, 5, 8), (2, 3, 7, 8)), ((3, 5, 8), (3, 7, 8)),
-                                              ((5, 8), (7, 8)), ((2, 2, 3, 5, 8), (2, 2, 3, 7, 8))])
+@pytest.mark.parametrize(
+    "shape_q,shape_kv",
+    [
+        ((2, 3, 5, 8), (2, 3, 7, 8)),
+        ((3, 5, 8), (3, 7, 8)),
+        ((5, 8), (7, 8)),
+        ((2, 2, 3, 5, 8), (2, 2, 3, 7, 8)),
+    ],
+)
 def test_matches_torch_on_shapes(shape_q, shape_kv):
     q, k, v = rand(*shape_q), rand(*shape_kv), rand(*shape_kv[:-1], 6)
     torch.testing.assert_close(sdpa(q, k, v), F.scaled_dot_product_attention(q, k, v))

@@ -74,7 +74,7 @@ class Explanation:
 
 
 def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Explanation:
-    """Tell which backend `attention(q, k, v, **kwargs)` would run, and why each other one would not."""
+    """Tell which backend `attention(q, k, v, **kwargs)` would run, and why the others would not."""
     backend = kwargs.pop("backend", "auto")
     unknown = set(kwargs) - {"mask", "bias", "causal", "scale", "dropout_p", "return_weights"}
     if unknown:

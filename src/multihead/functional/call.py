@@ -61,7 +61,9 @@ def _check_broadcast(name: str, t: Tensor, target: tuple[int, ...]) -> None:
             f"(B, H, Tq, Tk) = {target}"
         )
     # Right-aligned broadcasting: every trailing size equals the target or is 1.
-    for got, want in zip(reversed(t.shape), reversed(target)):
+    for got, want in zip(
+        reversed(t.shape), reversed(target[-t.dim() :] if t.dim() else ()), strict=True
+    ):
         if got != want and got != 1:
             raise ValueError(
                 f"{name} of shape {_shape(t)} does not broadcast to (B, H, Tq, Tk) = {target}"
@@ -89,14 +91,10 @@ def make_call(
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
-        raise ValueError(
-            f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}"
-        )
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if not (B == Bk == Bv):
-        raise ValueError(
-            f"batch sizes differ: q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
-        )
-    if D != Dk:
+        raise ValueError(f"batch sizes differ: q {_shape(q)}, k {_shape(k)}, v {_shape(v)}")
+    if Dk != D:
         raise ValueError(f"head_dim of q {_shape(q)} and k {_shape(k)} differ ({D} != {Dk})")
     if Hkv != Hv or Tk != Tv:
         raise ValueError(

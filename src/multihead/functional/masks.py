@@ -18,7 +18,7 @@ Align = Literal["bottom_right", "top_left"]
 
 
 def _offset(tq: int, tk: int, align: str) -> int:
-    """Absolute position of query 0 among the keys: bottom-right puts the last query on the last key."""
+    """Position of query 0 among the keys; bottom-right puts the last query on the last key."""
     if align == "bottom_right":
         return tk - tq
     if align == "top_left":
@@ -31,9 +31,7 @@ def _check_length(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
 
 
-def causal(
-    tq: int, tk: int | None = None, *, align: Align = "bottom_right", device=None
-) -> Tensor:
+def causal(tq: int, tk: int | None = None, *, align: Align = "bottom_right", device=None) -> Tensor:
     """(Tq, Tk) mask where query i may see keys 0 .. i + offset.
 
     `align="bottom_right"` (offset Tk - Tq) is what decoding with a KV cache needs;

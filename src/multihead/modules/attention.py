@@ -54,11 +54,11 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         embed_dim = _positive_int("embed_dim", embed_dim)
         num_heads = _positive_int("num_heads", num_heads)
-        num_kv_heads = _positive_int("num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads)
+        num_kv_heads = _positive_int(
+            "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads
+        )
         if num_heads % num_kv_heads != 0:
-            raise ValueError(
-                f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})"
-            )
+            raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
         if head_dim is None:
             if embed_dim % num_heads != 0:
                 raise ValueError(
@@ -69,7 +69,11 @@ class MultiHeadAttention(nn.Module):
         head_dim = _positive_int("head_dim", head_dim)
         kdim = _positive_int("kdim", embed_dim if kdim is None else kdim)
         vdim = _positive_int("vdim", embed_dim if vdim is None else vdim)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0 <= dropout < 1
+        ):
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
 
         self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
@@ -145,7 +149,8 @@ class MultiHeadAttention(nn.Module):
         )
         out, weights = result if return_weights else (result, None)
         B, Tq = query.shape[0], query.shape[1]
-        out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, -1))  # (B, H, Tq, D) -> (B, Tq, C)
+        # (B, H, Tq, D) -> (B, Tq, H*D) -> (B, Tq, C)
+        out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self._split[0]))
         if unbatched:
             out = out[0]
             weights = None if weights is None else weights[0]

@@ -1,4 +1,4 @@
-"""Attention backends. Built-in: `sdpa` (fused, preferred) and `eager` (reference, returns weights)."""
+"""Attention backends: `sdpa` (fused, preferred) and `eager` (reference, returns weights)."""
 
 from .eager import eager_attention
 from .registry import (

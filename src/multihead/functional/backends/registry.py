@@ -1,7 +1,7 @@
 """A registry of attention backends: functions with one signature, chosen by name.
 
 Each backend is `run(call) -> (output, weights or None)` plus `why_not(call) -> list of reasons`
-(empty when it can run the call). `backend="auto"` takes the highest-priority backend with no reasons.
+(empty when it can run the call). `backend="auto"` takes the highest-priority backend that can.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def select_backend(call: AttentionCall, name: str) -> Backend:
         for backend in _ORDER:
             if not backend.why_not(call):
                 return backend
-        reasons = {b.name: b.why_not(call) for b in _ORDER}
-        raise ValueError(f"no attention backend can run this call: {reasons}")
+        every = {b.name: b.why_not(call) for b in _ORDER}
+        raise ValueError(f"no attention backend can run this call: {every}")
     backend = get_backend(name)
     reasons = backend.why_not(call)
     if reasons:

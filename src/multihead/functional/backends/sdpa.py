@@ -20,9 +20,8 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
     if call.return_weights:
         reasons.append("it cannot return attention weights (the eager backend can)")
     if call.q.shape[2] == 0 or call.k.shape[2] == 0:
-        reasons.append(
-            f"empty sequence (Tq={call.q.shape[2]}, Tk={call.k.shape[2]}) is not supported by torch's kernels"
-        )
+        tq, tk = call.q.shape[2], call.k.shape[2]
+        reasons.append(f"empty sequence (Tq={tq}, Tk={tk}): torch's kernels do not take it")
     return reasons
 
 
