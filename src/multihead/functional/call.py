@@ -7,19 +7,19 @@ D query/key head width, Dv value head width.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 
-@dataclass(frozen=True, slots=True)
-class AttentionCall:
+class AttentionCall(NamedTuple):
     """Everything a backend needs, already checked.
 
     q `(B, H, Tq, D)`, k `(B, Hkv, Tk, D)`, v `(B, Hkv, Tk, Dv)`; `mask` is boolean
     (True = may attend) and `bias` additive, both broadcastable to `(B, H, Tq, Tk)`.
     `causal` is aligned bottom-right. `scale` is resolved to a float.
+    (A NamedTuple: built on every call, it must be cheap; dynamo traces it without breaks.)
     """
 
     q: Tensor
@@ -88,9 +88,10 @@ def make_call(
     B, H, Tq, D = q.shape
     Bk, Hkv, Tk, Dk = k.shape
     Bv, Hv, Tv, _ = v.shape
-    if not (q.dtype == k.dtype == v.dtype):
+    dtype, device = q.dtype, q.device
+    if not (dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
+    if not (device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if not (B == Bk == Bv):
         raise ValueError(f"batch sizes differ: q {_shape(q)}, k {_shape(k)}, v {_shape(v)}")
@@ -114,7 +115,7 @@ def make_call(
                 "pass additive float masks as bias="
             )
         _check_broadcast("mask", mask, target)
-        if mask.device != q.device:
+        if mask.device != device:
             raise ValueError(f"mask is on {mask.device} but q is on {q.device}")
     if bias is not None:
         if not isinstance(bias, Tensor):
@@ -125,7 +126,7 @@ def make_call(
                 "pass boolean masks as mask="
             )
         _check_broadcast("bias", bias, target)
-        if bias.device != q.device:
+        if bias.device != device:
             raise ValueError(f"bias is on {bias.device} but q is on {q.device}")
     if scale is None:
         scale = 1.0 / math.sqrt(D) if D > 0 else 1.0

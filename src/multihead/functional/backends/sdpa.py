@@ -26,19 +26,23 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
 
 
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    q, k, v = call.q, call.k, call.v
-    tq, tk = q.shape[2], k.shape[2]
-    # Top-left and bottom-right causality coincide when Tq == Tk: let the kernel do it.
-    native_causal = call.causal and tq == tk and call.mask is None and call.bias is None
-    allowed = None if native_causal else allowed_mask(call)
-    row_ok: Tensor | None = None  # (..., Tq, 1): False where a query may attend to nothing
+    q, k, v, mask, bias, causal, scale, dropout_p, _ = call
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None and bias is None and (not causal or q.shape[2] == k.shape[2]):
+        # No row can be empty, and top-left/bottom-right causality coincide: the kernel does all.
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
+        return out, None
 
+    allowed = allowed_mask(call)
+    row_ok: Tensor | None = None  # (..., Tq, 1): False where a query may attend to nothing
     attn_mask: Tensor | None = None
     if allowed is not None:
         row_ok = allowed.any(dim=-1, keepdim=True)
         attn_mask = allowed | ~row_ok  # dead rows attend everywhere; their output is zeroed below
-    if call.bias is not None:
-        bias = call.bias.to(q.dtype)
+    if bias is not None:
+        bias = bias.to(q.dtype)
         bias_ok = (bias > float("-inf")).any(dim=-1, keepdim=True)
         bias = bias.masked_fill(~bias_ok, 0.0)
         row_ok = bias_ok if row_ok is None else row_ok & bias_ok
@@ -47,14 +51,7 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         attn_mask = bias
 
     out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=attn_mask,
-        dropout_p=call.dropout_p,
-        is_causal=native_causal,
-        scale=call.scale,
-        enable_gqa=call.groups > 1,
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
     )
     if row_ok is not None:
         out = out.masked_fill(~row_ok, 0.0)

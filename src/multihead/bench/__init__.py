@@ -1,0 +1,1 @@
+"""Benchmarks, run from the CLI as `multihead bench ...`."""

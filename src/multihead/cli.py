@@ -1,0 +1,61 @@
+"""The `multihead` command: parse arguments, call the library, print or write files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multihead",
+        description="Multi-head attention for PyTorch: correct, fast and inspectable.",
+    )
+    parser.add_argument("--version", action="version", version=f"multihead {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    bench = commands.add_parser("bench", help="run a benchmark and print its table")
+    suites = bench.add_subparsers(dest="suite", metavar="SUITE", required=True)
+    att = suites.add_parser(
+        "attention",
+        help="MultiHeadAttention vs torch.nn.MultiheadAttention and the SDPA floor",
+    )
+    att.add_argument("--quick", action="store_true", help="small shapes, few repeats (a smoke run)")
+    att.add_argument("--repeats", type=_positive_int, help="samples per contender (default 9)")
+    att.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "bench":
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        if args.suite == "attention":
+            from .bench import attention as suite
+
+            print(suite.main(quick=args.quick, repeats=args.repeats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
