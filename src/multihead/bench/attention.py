@@ -1,4 +1,4 @@
-"""`multihead bench attention`: MultiHeadAttention against torch.nn.MultiheadAttention and the floor.
+"""`multihead bench attention`: MultiHeadAttention vs torch.nn.MultiheadAttention and the floor.
 
 The floor is the least work any MHA can do: one fused QKV linear, torch SDPA, one output linear,
 written inline with the best memory layout we found. Shapes are (B, T, E, H).
@@ -49,7 +49,9 @@ class Floor(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, E = x.shape
         # (B, T, 3E) -> (3, B, H, T, D)
-        q, k, v = F.linear(x, self.w, self.b).view(B, T, 3, self.h, E // self.h).permute(2, 0, 3, 1, 4)
+        q, k, v = (
+            F.linear(x, self.w, self.b).view(B, T, 3, self.h, E // self.h).permute(2, 0, 3, 1, 4)
+        )
         o = F.scaled_dot_product_attention(q, k, v)
         return F.linear(o.transpose(1, 2).reshape(B, T, E), self.wo, self.bo)
 
@@ -144,6 +146,9 @@ def main(quick: bool = False, repeats: int | None = None, extra: dict | None = N
     shapes = QUICK_SHAPES if quick else DEFAULT_SHAPES
     reps = repeats or (3 if quick else 9)
     rows = run_suite(
-        shapes, repeats=reps, extra=extra, progress=lambda s: print(f"  measuring {s}", file=sys.stderr)
+        shapes,
+        repeats=reps,
+        extra=extra,
+        progress=lambda s: print(f"  measuring {s}", file=sys.stderr),
     )
     return report(rows, matmul_gflops())
