@@ -1,0 +1,235 @@
+"""`MultiheadAttention`: an exact drop-in for torch.nn.MultiheadAttention on multihead's core.
+
+It subclasses torch's module for the parts that must be identical (constructor, parameters and
+their names, initialisation, `merge_masks`, the attributes TransformerEncoderLayer's fast path
+reads, `isinstance` checks) and replaces `forward`, which runs `multihead.functional.attention`.
+
+Shape legend: B batch, L target length, S source length, E embed_dim, H heads, D head_dim.
+Batched inputs are (B, L, E) with batch_first, else (L, B, E); unbatched inputs are (L, E).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional import attention, masks
+from .checks import check_forward
+
+
+class MultiheadAttention(nn.MultiheadAttention):
+    """torch.nn.MultiheadAttention with the same constructor, forward, state_dict and attributes.
+
+    Masks keep torch's meaning: a boolean `key_padding_mask` / `attn_mask` is True = blocked, a
+    float one is added to the scores; `attn_mask` is (L, S) or (B * H, L, S).
+
+    Deliberate differences from torch:
+    - a query row whose keys are all masked gives zeros (output, weights, gradients), not NaN;
+    - `need_weights=False` and eval never fall back to a slower path: the default path is one
+      fused projection, torch's fused SDPA kernel and the output projection, in any layout;
+    - bad input raises ValueError/TypeError naming the argument (torch raises AssertionError or
+      RuntimeError); `dropout` must lie in [0, 1).
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        dropout=0.0,
+        bias=True,
+        add_bias_kv=False,
+        add_zero_attn=False,
+        kdim=None,
+        vdim=None,
+        batch_first=False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        super().__init__(
+            embed_dim,
+            num_heads,
+            dropout=dropout,
+            bias=bias,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            kdim=kdim,
+            vdim=vdim,
+            batch_first=batch_first,
+            device=device,
+            dtype=dtype,
+        )
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiheadAttention:
+        """A drop-in with `module`'s configuration, weights, device, dtype and mode."""
+        from .convert import from_torch
+
+        return from_torch(module)
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """A plain torch.nn.MultiheadAttention with this module's configuration and weights."""
+        from .convert import to_torch
+
+        return to_torch(self)
+
+    @classmethod
+    def from_modern(cls, module, *, batch_first: bool = True) -> MultiheadAttention:
+        """A drop-in holding a `multihead.MultiHeadAttention`'s weights."""
+        from .convert import from_modern
+
+        return from_modern(module, batch_first=batch_first)
+
+    def to_modern(self):
+        """This module's weights in a `multihead.MultiHeadAttention` (batch-first)."""
+        from .convert import to_modern
+
+        return to_modern(self)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        batched = check_forward(self, query, key, value, key_padding_mask, attn_mask, is_causal)
+        self_attention = query is key and key is value
+        if not batched:  # (L, E) -> (1, L, E), handled as batch-first
+            query, key, value = query[None], key[None], value[None]
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask[None]
+        batch_first = self.batch_first or not batched
+        B = query.shape[0] if batch_first else query.shape[1]
+        L = query.shape[1] if batch_first else query.shape[0]
+
+        q, k, v = self._project(query, key, value, self_attention, batch_first)
+        k, v, extra = self._append_extra_keys(k, v)
+        mask, bias, causal = self._masks(
+            key_padding_mask, attn_mask, is_causal, need_weights, B, L, k.shape[2], extra
+        )
+        result = attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=need_weights,
+        )
+        out, weights = result if need_weights else (result, None)
+
+        E = self.embed_dim
+        if batch_first:
+            out = out.transpose(1, 2).reshape(B, L, E)  # (B, H, L, D) -> (B, L, E)
+        else:
+            out = out.permute(2, 0, 1, 3).reshape(L, B, E)  # (B, H, L, D) -> (L, B, E)
+        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)  # (B, H, L, S) -> (B, L, S)
+        if not batched:
+            out = out[0]
+            weights = None if weights is None else weights[0]
+        return out, weights
+
+    def _heads(self, x: Tensor, batch_first: bool) -> Tensor:
+        """(B, T, E) or (T, B, E) -> (B, H, T, D), a view."""
+        H, D = self.num_heads, self.head_dim
+        if batch_first:
+            B, T, _ = x.shape
+            return x.view(B, T, H, D).transpose(1, 2)
+        T, B, _ = x.shape
+        return x.view(T, B, H, D).permute(1, 2, 0, 3)
+
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, batch_first: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        E = self.embed_dim
+        b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
+        if not self._qkv_same_embed_dim:
+            q = F.linear(query, self.q_proj_weight, bq)
+            k = F.linear(key, self.k_proj_weight, bk)
+            v = F.linear(value, self.v_proj_weight, bv)
+        elif self_attention:
+            qkv = F.linear(query, self.in_proj_weight, b)  # one fused matmul: (..., 3E)
+            q, k, v = qkv.chunk(3, dim=-1)
+        else:
+            w = self.in_proj_weight
+            q = F.linear(query, w[:E], bq)
+            if key is value:  # k and v rows are adjacent in the packed weight: one matmul
+                k, v = F.linear(key, w[E:], None if b is None else b[E:]).chunk(2, dim=-1)
+            else:
+                k, v = F.linear(key, w[E : 2 * E], bk), F.linear(value, w[2 * E :], bv)
+        return self._heads(q, batch_first), self._heads(k, batch_first), self._heads(v, batch_first)
+
+    def _append_extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int]:
+        """Append bias_k/bias_v and then a zero key/value, as torch does: (B, H, S', D)."""
+        extra = 0
+        B, H, _, D = k.shape
+        if self.bias_k is not None and self.bias_v is not None:
+            k = torch.cat([k, self.bias_k.view(1, H, 1, D).expand(B, H, 1, D)], dim=2)
+            v = torch.cat([v, self.bias_v.view(1, H, 1, D).expand(B, H, 1, D)], dim=2)
+            extra += 1
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(B, H, 1, D)], dim=2)
+            v = torch.cat([v, v.new_zeros(B, H, 1, D)], dim=2)
+            extra += 1
+        return k, v, extra
+
+    def _masks(
+        self,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+        B: int,
+        L: int,
+        S: int,
+        extra: int,
+    ) -> tuple[Tensor | None, Tensor | None, bool]:
+        """torch's masks (True = blocked, or additive) -> multihead's (mask True = may attend,
+        bias), broadcastable to (B, H, L, S), padded for the appended keys."""
+        if is_causal and key_padding_mask is None and not need_weights:
+            # torch trusts the hint here and runs SDPA's top-left causal mask instead of attn_mask.
+            if L == S:
+                return None, None, True
+            assert attn_mask is not None  # check_forward requires it with is_causal
+            return masks.causal(L, S, align="top_left", device=attn_mask.device), None, False
+        mask: Tensor | None = None
+        bias: Tensor | None = None
+        if attn_mask is not None:
+            if attn_mask.dim() == 3:  # (B * H, L, S0) -> (B, H, L, S0); unbatched (H, L, S0) too
+                attn_mask = attn_mask.view(-1, self.num_heads, *attn_mask.shape[-2:])
+            mask, bias = _split(attn_mask, extra)
+        if key_padding_mask is not None:
+            kp_mask, kp_bias = _split(key_padding_mask[:, None, None, :], extra)  # (B,1,1,S)
+            mask = masks.combine(mask, kp_mask)
+            bias = kp_bias if bias is None else bias if kp_bias is None else bias + kp_bias
+        return mask, bias, False
+
+
+def _split(torch_mask: Tensor, extra: int) -> tuple[Tensor | None, Tensor | None]:
+    """One torch mask -> (boolean may-attend mask, None) or (None, additive bias), with `extra`
+    appended keys that every query may attend to."""
+    if torch_mask.dtype == torch.bool:
+        allowed = ~torch_mask
+        if extra:
+            allowed = F.pad(allowed, (0, extra), value=True)
+        return allowed, None
+    bias = F.pad(torch_mask, (0, extra), value=0.0) if extra else torch_mask
+    return None, bias
