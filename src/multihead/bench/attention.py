@@ -6,6 +6,8 @@ written inline with the best memory layout we found. Shapes are (B, T, E, H).
 
 from __future__ import annotations
 
+import copy
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import compat
 from ..functional import explain
 from ..modules import MultiHeadAttention
 from .timing import environment, format_table, matmul_gflops, measure
@@ -28,8 +31,8 @@ class Row:
     seconds: dict[str, float]
     gflops: float  # of multihead's MHA
 
-    def ratio(self, name: str, to: str = "multihead") -> float:
-        return self.seconds[to] / self.seconds[name]
+    def ratio(self, name: str, peer: str) -> float:
+        return self.seconds[name] / self.seconds[peer]
 
 
 def mha_flops(B: int, T: int, E: int) -> float:
@@ -56,21 +59,26 @@ class Floor(nn.Module):
         return F.linear(o.transpose(1, 2).reshape(B, T, E), self.wo, self.bo)
 
 
-def contenders(
-    B: int, T: int, E: int, H: int, train: bool, extra: dict | None = None
-) -> dict[str, Callable[[], object]]:
+def contenders(B: int, T: int, E: int, H: int, train: bool) -> dict[str, Callable[[], object]]:
+    """Every contender on identical weights and input; torch and the drop-in get
+    `need_weights=False`, as TransformerEncoderLayer passes."""
     torch.manual_seed(0)
     ours = MultiHeadAttention(E, H)
     theirs = nn.MultiheadAttention(E, H, batch_first=True)
-    with torch.no_grad():  # identical weights
+    with torch.no_grad():
         theirs.in_proj_weight.copy_(ours.in_proj.weight)
         theirs.in_proj_bias.copy_(ours.in_proj.bias)
         theirs.out_proj.weight.copy_(ours.out_proj.weight)
         theirs.out_proj.bias.copy_(ours.out_proj.bias)
+    drop_in = compat.from_torch(theirs)
+    theirs_seq = copy.deepcopy(theirs)  # torch's default layout: (T, B, E)
+    theirs_seq.batch_first = False
+    drop_in_seq = compat.from_torch(theirs_seq)
     floor = Floor(ours)
-    for m in (ours, theirs, floor):
+    for m in (ours, theirs, drop_in, theirs_seq, drop_in_seq, floor):
         m.train(train)
     x = torch.randn(B, T, E)
+    x_seq = x.transpose(0, 1).contiguous()
 
     def run(module_call: Callable[[], torch.Tensor]) -> Callable[[], object]:
         if train:
@@ -82,14 +90,23 @@ def contenders(
 
         return infer
 
-    fns = {
-        "multihead": run(lambda: ours(x)),
+    return {
+        "mh": run(lambda: ours(x)),
         "floor": run(lambda: floor(x)),
-        "torch MHA": run(lambda: theirs(x, x, x, need_weights=False)[0]),
+        "torch": run(lambda: theirs(x, x, x, need_weights=False)[0]),
+        "drop-in": run(lambda: drop_in(x, x, x, need_weights=False)[0]),
+        "torch TBE": run(lambda: theirs_seq(x_seq, x_seq, x_seq, need_weights=False)[0]),
+        "drop-in TBE": run(lambda: drop_in_seq(x_seq, x_seq, x_seq, need_weights=False)[0]),
     }
-    for name, make in (extra or {}).items():
-        fns[name] = run(make(ours, x))
-    return fns
+
+
+# (contender, peer) pairs whose time ratio the table shows.
+RATIOS = [
+    ("mh", "floor"),
+    ("mh", "torch"),
+    ("drop-in", "torch"),
+    ("drop-in TBE", "torch TBE"),
+]
 
 
 def run_suite(
@@ -97,7 +114,6 @@ def run_suite(
     *,
     repeats: int = 7,
     modes: tuple[str, ...] = ("eval", "train"),
-    extra: dict | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[Row]:
     rows = []
@@ -105,50 +121,48 @@ def run_suite(
         for mode in modes:
             if progress:
                 progress(f"{mode} B,T,E,H={shape}")
-            fns = contenders(*shape, train=mode == "train", extra=extra)
-            seconds = measure(fns, repeats=repeats)
+            seconds = measure(contenders(*shape, train=mode == "train"), repeats=repeats)
             B, T, E, _ = shape
             flops = mha_flops(B, T, E) * (3 if mode == "train" else 1)
-            rows.append(Row(shape, mode, seconds, flops / seconds["multihead"] / 1e9))
+            rows.append(Row(shape, mode, seconds, flops / seconds["mh"] / 1e9))
     return rows
 
 
 def report(rows: list[Row], matmul: float) -> str:
     names = list(rows[0].seconds)
-    peers = [n for n in names if n != "multihead"]
-    headers = ["B, T, E, H", "mode", *(f"{n} ms" for n in names)]
-    headers += [f"mh/{n}" for n in peers] + ["GFLOP/s"]
+    headers = ["B,T,E,H", "mode", *(f"{n} ms" for n in names)]
+    headers += [f"{a}/{b}" for a, b in RATIOS] + ["GFLOP/s"]
     body = []
     for r in rows:
         cells = [",".join(map(str, r.shape)), r.mode]
         cells += [f"{r.seconds[n] * 1e3:.3f}" for n in names]
-        cells += [f"{r.ratio(n):.2f}x" for n in peers]
+        cells += [f"{r.ratio(a, b):.2f}x" for a, b in RATIOS]
         cells.append(f"{r.gflops:.1f}")
         body.append(cells)
     env = environment()
     B, T, E, H = rows[0].shape
     x = torch.randn(B, H, T, E // H)
     lines = [
-        "multihead bench attention — medians of interleaved runs, fp32, "
+        "multihead bench attention: medians of interleaved runs, fp32; "
         + ", ".join(f"{k} {v}" for k, v in env.items()),
         f"backend chosen by multihead: {explain(x, x, x).chosen}; "
-        f"machine matmul: {matmul:.1f} GFLOP/s (1024^3 fp32)",
-        "mh/X = multihead time / X time (below 1.00x: multihead is faster)",
+        f"machine matmul: {matmul:.1f} GFLOP/s (1024^3 fp32); GFLOP/s column: mh",
+        "mh = multihead.MultiHeadAttention; floor = fused linear + SDPA + linear inline;",
+        "torch = torch.nn.MultiheadAttention(batch_first=True); drop-in = multihead.compat's;",
+        "TBE = both in torch's default (T, B, E) layout; torch and drop-in get need_weights=False.",
+        "a/b = time of a / time of b (below 1.00x: a is faster).",
         "",
         format_table(headers, body),
     ]
     return "\n".join(lines)
 
 
-def main(quick: bool = False, repeats: int | None = None, extra: dict | None = None) -> str:
-    import sys
-
+def main(quick: bool = False, repeats: int | None = None) -> str:
     shapes = QUICK_SHAPES if quick else DEFAULT_SHAPES
-    reps = repeats or (3 if quick else 9)
+    reps = repeats or (3 if quick else 7)
     rows = run_suite(
         shapes,
         repeats=reps,
-        extra=extra,
-        progress=lambda s: print(f"  measuring {s}", file=sys.stderr),
+        progress=lambda s: print(f"  measuring {s}", file=sys.stderr, flush=True),
     )
     return report(rows, matmul_gflops())

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import attention, masks
+from ..functional import AttentionCall, dispatch, masks
 from .checks import check_forward
 
 
@@ -106,6 +106,21 @@ class MultiheadAttention(nn.MultiheadAttention):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
+        if (
+            not need_weights
+            and key_padding_mask is None
+            and attn_mask is None
+            and not is_causal
+            and query is key
+            and key is value
+            and isinstance(query, Tensor)
+            and query.dim() == 3
+            and query.shape[-1] == self.embed_dim
+            and self._qkv_same_embed_dim
+            and self.bias_k is None
+            and not self.add_zero_attn
+        ):
+            return self._plain_self_attention(query), None
         batched = check_forward(self, query, key, value, key_padding_mask, attn_mask, is_causal)
         self_attention = query is key and key is value
         if not batched:  # (L, E) -> (1, L, E), handled as batch-first
@@ -121,17 +136,12 @@ class MultiheadAttention(nn.MultiheadAttention):
         mask, bias, causal = self._masks(
             key_padding_mask, attn_mask, is_causal, need_weights, B, L, k.shape[2], extra
         )
-        result = attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=need_weights,
+        # q, k, v and the masks were shaped here from checked inputs: a trusted call.
+        dropout_p = self.dropout if self.training else 0.0
+        call = AttentionCall(
+            q, k, v, mask, bias, causal, self.head_dim**-0.5, dropout_p, need_weights
         )
-        out, weights = result if need_weights else (result, None)
+        out, weights = dispatch(call)
 
         E = self.embed_dim
         if batch_first:
@@ -146,6 +156,28 @@ class MultiheadAttention(nn.MultiheadAttention):
             weights = None if weights is None else weights[0]
         return out, weights
 
+    def _plain_self_attention(self, x: Tensor) -> Tensor:
+        """The call TransformerEncoderLayer makes (batched self-attention, no mask, no weights)
+        with the least Python per call: at small shapes that overhead is most of the time."""
+        E, H, D = self.embed_dim, self.num_heads, self.head_dim
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # one fused matmul
+        if self.batch_first:
+            B, T, _ = qkv.shape
+            # (B, T, 3E) -> (3, B, H, T, D), a view
+            q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            T, B, _ = qkv.shape
+            # (T, B, 3E) -> (3, B, H, T, D), a view
+            q, k, v = qkv.view(T, B, 3, H, D).permute(2, 1, 3, 0, 4).unbind(0)
+        dropout_p = self.dropout if self.training else 0.0
+        call = AttentionCall(q, k, v, None, None, False, D**-0.5, dropout_p, False)
+        out = dispatch(call)[0]
+        if self.batch_first:
+            out = out.transpose(1, 2).reshape(B, T, E)  # (B, H, T, D) -> (B, T, E)
+        else:
+            out = out.permute(2, 0, 1, 3).reshape(T, B, E)  # (B, H, T, D) -> (T, B, E)
+        return F.linear(out, self.out_proj.weight, self.out_proj.bias)
+
     def _heads(self, x: Tensor, batch_first: bool) -> Tensor:
         """(B, T, E) or (T, B, E) -> (B, H, T, D), a view."""
         H, D = self.num_heads, self.head_dim
@@ -158,18 +190,26 @@ class MultiheadAttention(nn.MultiheadAttention):
     def _project(
         self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, batch_first: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
-        E = self.embed_dim
-        b = self.in_proj_bias
+        """Inputs -> q, k, v as (B, H, T, D) views of the projections."""
+        E, H, D = self.embed_dim, self.num_heads, self.head_dim
+        w, b = self.in_proj_weight, self.in_proj_bias
+        if self_attention and self._qkv_same_embed_dim:
+            qkv = F.linear(query, w, b)  # one fused matmul: (B, T, 3E) or (T, B, 3E)
+            if batch_first:
+                B, T, _ = qkv.shape
+                # (B, T, 3E) -> (3, B, H, T, D): one view, one permute, no copy
+                q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+            else:
+                T, B, _ = qkv.shape
+                # (T, B, 3E) -> (3, B, H, T, D)
+                q, k, v = qkv.view(T, B, 3, H, D).permute(2, 1, 3, 0, 4).unbind(0)
+            return q, k, v
         bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
         if not self._qkv_same_embed_dim:
             q = F.linear(query, self.q_proj_weight, bq)
             k = F.linear(key, self.k_proj_weight, bk)
             v = F.linear(value, self.v_proj_weight, bv)
-        elif self_attention:
-            qkv = F.linear(query, self.in_proj_weight, b)  # one fused matmul: (..., 3E)
-            q, k, v = qkv.chunk(3, dim=-1)
         else:
-            w = self.in_proj_weight
             q = F.linear(query, w[:E], bq)
             if key is value:  # k and v rows are adjacent in the packed weight: one matmul
                 k, v = F.linear(key, w[E:], None if b is None else b[E:]).chunk(2, dim=-1)

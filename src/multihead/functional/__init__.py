@@ -1,9 +1,9 @@
 """The functional core: one pure attention function, its masks and its backends."""
 
 from . import masks
-from .attention import Explanation, attention, explain
+from .attention import Explanation, attention, dispatch, explain
 from .backends import available_backends, get_backend, register_backend, unregister_backend
-from .call import AttentionCall
+from .call import AttentionCall, check_bias, check_mask
 from .sdpa_compat import scaled_dot_product_attention
 
 __all__ = [
@@ -11,6 +11,9 @@ __all__ = [
     "Explanation",
     "attention",
     "available_backends",
+    "check_bias",
+    "check_mask",
+    "dispatch",
     "explain",
     "get_backend",
     "masks",

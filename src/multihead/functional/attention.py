@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from .backends import available_backends, get_backend, select_backend
-from .call import make_call
+from .call import AttentionCall, make_call
+
+
+def dispatch(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor | None]:
+    """Run a validated `AttentionCall` on `backend`: every attention in multihead passes here.
+
+    `attention()` builds the call from public inputs with full checks. Modules that shaped q, k
+    and v themselves build it directly (checking only user-supplied masks with `check_mask`),
+    which keeps per-call overhead small.
+    """
+    return select_backend(call, backend).run(call)
 
 
 def attention(
@@ -51,7 +61,7 @@ def attention(
         the output `(B, H, Tq, Dv)`, or `(output, weights)` when `return_weights=True`.
     """
     call = make_call(q, k, v, mask, bias, causal, scale, dropout_p, return_weights)
-    out, weights = select_backend(call, backend).run(call)
+    out, weights = dispatch(call, backend)
     if return_weights:
         return out, weights
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import attention
+from ..functional import AttentionCall, check_mask, dispatch
 from ..functional.masks import key_mask_to_mask
 
 
@@ -102,6 +102,7 @@ class MultiHeadAttention(nn.Module):
             self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
         self.out_proj = nn.Linear(q_width, embed_dim, bias=bias, **factory)
         self._split = (q_width, kv_width, kv_width)
+        self._scale = head_dim**-0.5
 
     def extra_repr(self) -> str:
         return (
@@ -148,29 +149,31 @@ class MultiHeadAttention(nn.Module):
             unbatched = self._check_inputs(query, key, value)
         if unbatched:
             query, key, value = query[None], key[None], value[None]
-            if key_mask is not None:
+            if isinstance(key_mask, Tensor):
                 key_mask = key_mask[None]
+        q, k, v = self._project(query, key, value, self_attention)
+        B, H, Tq, _ = q.shape
+        if mask is not None:  # user-supplied: checked here, since the call below is trusted
+            check_mask(mask, (B, H, Tq, k.shape[2]), q.device)
         if key_mask is not None:
-            if key_mask.dim() != 2 or key_mask.shape != (key.shape[0], key.shape[1]):
-                raise ValueError(
-                    f"key_mask must have shape (B, Tk) = {(key.shape[0], key.shape[1])}, "
-                    f"got {tuple(key_mask.shape)}"
-                )
+            if not isinstance(key_mask, Tensor) or key_mask.shape != (B, k.shape[2]):
+                got = tuple(key_mask.shape) if isinstance(key_mask, Tensor) else key_mask
+                raise ValueError(f"key_mask must have shape (B, Tk) = {(B, k.shape[2])}, got {got}")
             key_mask = key_mask_to_mask(key_mask)  # (B, Tk) -> (B, 1, 1, Tk)
             mask = key_mask if mask is None else mask & key_mask
-
-        q, k, v = self._project(query, key, value, self_attention)
-        result = attention(
+        # q, k, v were shaped here from checked inputs: build the call directly (no re-checks).
+        call = AttentionCall(
             q,
             k,
             v,
-            mask=mask,
-            causal=self.causal if causal is None else causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=return_weights,
+            mask,
+            None,
+            self.causal if causal is None else bool(causal),
+            self._scale,
+            self.dropout if self.training else 0.0,
+            return_weights,
         )
-        out, weights = result if return_weights else (result, None)
-        B, Tq = query.shape[0], query.shape[1]
+        out, weights = dispatch(call)
         # (B, H, Tq, D) -> (B, Tq, H*D) -> (B, Tq, C)
         out = _apply_linear(self.out_proj, out.transpose(1, 2).reshape(B, Tq, self._split[0]))
         if unbatched:
