@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import __version__
+from . import __version__, cli_embed
 
 
 def _positive_int(text: str) -> int:
@@ -36,6 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--quick", action="store_true", help="small shapes, few repeats (a smoke run)")
     att.add_argument("--repeats", type=_positive_int, help="samples per contender (default 9)")
     att.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
+    emb = suites.add_parser(
+        "embed", help="sentence embeddings: multihead vs sentence-transformers, same model"
+    )
+    emb.add_argument("--model", default="all-MiniLM-L6-v2", help="model name or directory")
+    emb.add_argument("--sentences", type=_positive_int, default=2000, help="corpus size")
+    emb.add_argument("--batch-size", type=_positive_int, default=32)
+    emb.add_argument("--repeats", type=_positive_int, default=3, help="runs per encoder")
+    emb.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
+
+    cli_embed.add_commands(commands)
     return parser
 
 
@@ -54,6 +64,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench import attention as suite
 
             print(suite.main(quick=args.quick, repeats=args.repeats))
+        elif args.suite == "embed":
+            from .bench import embed
+
+            print(
+                embed.run(
+                    args.model, n=args.sentences, batch_size=args.batch_size, repeats=args.repeats
+                )
+            )
+        return 0
+    if args.command == "embed":
+        return cli_embed.run_embed(args)
+    if args.command == "similarity":
+        return cli_embed.run_similarity(args)
     return 0
 
 

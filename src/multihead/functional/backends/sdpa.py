@@ -54,5 +54,7 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
     )
     if row_ok is not None:
-        out = out.masked_fill(~row_ok, 0.0)
+        # torch.where keeps the kernel's (B, T, H, D) memory layout, so the caller's
+        # (B, H, T, D) -> (B, T, H*D) reshape stays free; masked_fill would densify it (2 copies).
+        out = torch.where(row_ok, out, 0.0)
     return out, None

@@ -1,0 +1,70 @@
+"""`multihead bench embed`: sentence embeddings with multihead vs sentence-transformers.
+
+Both encode the same corpus (2,000 standard-library docstring sentences by default) with the
+same model directory, alternating run by run in one process; we report sentences/s, the ratio
+and the minimum cosine between the two outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .corpus import stdlib_sentences
+from .timing import environment, format_table, measure
+
+
+def run(
+    model: str = "all-MiniLM-L6-v2",
+    *,
+    n: int = 2000,
+    batch_size: int = 32,
+    repeats: int = 3,
+) -> str:
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise SystemExit(
+            "multihead bench embed compares against sentence-transformers: "
+            "pip install 'multihead[bench]'"
+        ) from None
+    from ..pretrained import load_encoder
+
+    ours = load_encoder(model)
+    theirs = SentenceTransformer(str(Path(ours.source or model)), device="cpu")
+    corpus = stdlib_sentences(n)
+    lengths = [len(x) for x in ours.tokenize(corpus)]
+
+    a = ours.encode(corpus, batch_size=batch_size)
+    b = theirs.encode(corpus, batch_size=batch_size)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    print("  timing (each run encodes the whole corpus)...", file=sys.stderr, flush=True)
+    seconds = measure(
+        {
+            "multihead": lambda: ours.encode(corpus, batch_size=batch_size),
+            "sentence-transformers": lambda: theirs.encode(corpus, batch_size=batch_size),
+        },
+        repeats=repeats,
+        warmup=0,
+        min_time=0.0,
+    )
+    rows = [[name, f"{s:.2f}", f"{n / s:.1f}"] for name, s in seconds.items()]
+    ratio = seconds["sentence-transformers"] / seconds["multihead"]
+    env = environment()
+    return "\n".join(
+        [
+            "multihead bench embed: medians of interleaved runs; "
+            + ", ".join(f"{k} {v}" for k, v in env.items()),
+            f"model {model}; corpus: {n} standard-library docstring sentences, "
+            f"{sum(lengths)} tokens (mean {np.mean(lengths):.1f}, max {max(lengths)}); "
+            f"batch_size {batch_size}; {repeats} runs each",
+            "",
+            format_table(["encoder", "seconds", "sentences/s"], rows),
+            "",
+            f"speed-up: {ratio:.2f}x sentence-transformers",
+            f"agreement: min cosine {cos.min():.7f}, max |difference| {np.abs(a - b).max():.2e}",
+        ]
+    )

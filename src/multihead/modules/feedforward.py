@@ -1,0 +1,111 @@
+"""Position-wise feed-forward networks: Linear -> activation -> Linear.
+
+Shapes: (..., C) -> (..., hidden) -> (..., C).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# In-place twins, used when autograd does not need the input (inference): writing into the
+# fresh fc1 output avoids allocating (and page-faulting) a second hidden-width buffer, which
+# measured ~20% of fc1 + activation time on CPU.
+_gelu_ = torch._C._nn.gelu_  # type: ignore[attr-defined]  # aten::gelu_, missing from the stubs
+INPLACE: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": _gelu_,
+    "gelu_new": lambda x: _gelu_(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: _gelu_(x, approximate="tanh"),
+    "gelu_fast": lambda x: _gelu_(x, approximate="tanh"),
+    "relu": torch.relu_,
+    "silu": lambda x: F.silu(x, inplace=True),
+    "swish": lambda x: F.silu(x, inplace=True),
+    "tanh": torch.tanh_,
+}
+
+
+# Names as Hugging Face configs spell them ("hidden_act").
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,  # exact, erf-based (BERT)
+    "gelu_new": _gelu_tanh,  # tanh approximation (GPT-2)
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "tanh": torch.tanh,
+}
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    try:
+        return ACTIVATIONS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown activation {name!r}; known: {', '.join(sorted(ACTIVATIONS))}"
+        ) from None
+
+
+# Rows per chunk in inference: measured best of 256..2048 for BERT-sized MLPs on this CPU.
+CHUNK_ROWS = 1024
+
+
+class FeedForward(nn.Module):
+    """`fc2(dropout(act(fc1(x))))`: the MLP of BERT and GPT-2 style blocks."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        activation_name: str = "gelu",
+        bias: bool = True,
+        dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.act = activation(activation_name)
+        self.act_ = INPLACE[activation_name]
+        self.activation_name = activation_name
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias, device=device, dtype=dtype)
+        self.dropout = nn.Dropout(dropout)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation_name}"
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows > CHUNK_ROWS and not torch.is_grad_enabled() and self._plain_linears():
+            return self._forward_chunked(x)
+        h = self.fc1(x)
+        h = self.act(h) if h.requires_grad else self.act_(h)
+        return self.fc2(self.dropout(h))
+
+    def _plain_linears(self) -> bool:
+        return type(self.fc1) is nn.Linear and type(self.fc2) is nn.Linear
+
+    def _forward_chunked(self, x: Tensor) -> Tensor:
+        """Inference over CHUNK_ROWS rows at a time: the hidden-width intermediate stays in
+        cache instead of a round trip through memory (measured ~10% faster on long inputs on
+        CPU, bit-identical). Each chunk's fc2 writes straight into the output."""
+        flat = x.reshape(-1, x.shape[-1])  # (N, C)
+        out = flat.new_empty(flat.shape[0], self.fc2.out_features)
+        w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
+        for start in range(0, flat.shape[0], CHUNK_ROWS):
+            h = self.act_(F.linear(flat[start : start + CHUNK_ROWS], w1, b1))
+            piece = out[start : start + CHUNK_ROWS]
+            if b2 is None:
+                torch.mm(h, w2.t(), out=piece)
+            else:
+                torch.addmm(b2, h, w2.t(), out=piece)
+        return out.view(*x.shape[:-1], self.fc2.out_features)

@@ -1,0 +1,166 @@
+"""SentenceEncoder: a BERT-family encoder + tokenizer + pooling, with sentence-transformers'
+`encode` conventions.
+
+Speed comes from three things beyond fused attention: every text is tokenised in one Rust call;
+texts are sorted by token count so a batch holds similar lengths (little padding to compute);
+and each batch is trimmed to its own longest text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor, nn
+
+from .bert import BertEncoder, EncoderOutput
+
+
+class SentenceEncoder(nn.Module):
+    """Token states, attention weights and sentence embeddings from one pretrained encoder."""
+
+    def __init__(
+        self,
+        model: BertEncoder,
+        tokenizer: Tokenizer,
+        *,
+        max_seq_length: int,
+        normalize: bool,
+        pad_token_id: int,
+        source: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.normalize = normalize
+        self.pad_token_id = pad_token_id
+        self.source = source
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.hidden_size
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        *,
+        return_weights: bool = False,
+    ) -> EncoderOutput:
+        return self.model(input_ids, attention_mask, token_type_ids, return_weights=return_weights)
+
+    def tokenize(self, texts: list[str], max_seq_length: int | None = None) -> list[list[int]]:
+        """Token ids per text, with [CLS]/[SEP], truncated to the maximum length."""
+        limit = self.max_seq_length if max_seq_length is None else max_seq_length
+        if limit != self.max_seq_length:
+            self.tokenizer.enable_truncation(max_length=limit)
+        try:
+            return [e.ids for e in self.tokenizer.encode_batch(texts)]
+        finally:
+            if limit != self.max_seq_length:
+                self.tokenizer.enable_truncation(max_length=self.max_seq_length)
+
+    def batch(self, ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """Right-pad token ids to the longest: input_ids (B, T) and attention_mask (B, T)."""
+        T = max(len(x) for x in ids)
+        input_ids = np.full((len(ids), T), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(ids), T), dtype=np.int64)
+        for row, x in enumerate(ids):
+            input_ids[row, : len(x)] = x
+            mask[row, : len(x)] = 1
+        return torch.from_numpy(input_ids), torch.from_numpy(mask)
+
+    @staticmethod
+    def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        """Mean over real tokens: (B, T, C), (B, T) -> (B, C)."""
+        m = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+    def encode(
+        self,
+        sentences: str | list[str],
+        batch_size: int = 32,
+        normalize_embeddings: bool = False,
+        convert_to_tensor: bool = False,
+        show_progress_bar: bool = False,
+        max_seq_length: int | None = None,
+    ) -> Any:
+        """Sentence embeddings, as sentence-transformers' `SentenceTransformer.encode`.
+
+        A list gives a `(N, dim)` float32 array (a tensor with `convert_to_tensor=True`), a single
+        string a `(dim,)` vector. Mean pooling over real tokens. As in sentence-transformers, a
+        model whose pipeline normalises (all-MiniLM-L6-v2's modules.json lists Normalize) always
+        does; `normalize_embeddings=True` normalises the others too. Results do not depend on
+        batch size, order or batch companions. Unnormalised mean-pooled states:
+        `mean_pool(self(input_ids, mask).last_hidden_state, mask)`.
+        """
+        single = isinstance(sentences, str)
+        texts = [sentences] if single else sentences
+        if not isinstance(texts, (list, tuple)):
+            raise TypeError(
+                f"sentences must be a string or a list of strings, got {type(sentences).__name__}"
+            )
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"sentences[{i}] must be a string, got {type(text).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if max_seq_length is not None and not 1 <= max_seq_length <= self.max_position_limit:
+            raise ValueError(
+                f"max_seq_length must be in [1, {self.max_position_limit}], got {max_seq_length}"
+            )
+        normalize = self.normalize or bool(normalize_embeddings)
+
+        out = torch.empty(len(texts), self.dim)
+        if texts:
+            ids = self.tokenize([str(t) for t in texts], max_seq_length)
+            order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first
+            starts = range(0, len(order), batch_size)
+            if show_progress_bar:
+                from tqdm.auto import tqdm
+
+                starts = tqdm(starts, desc="Batches", unit="batch")
+            with torch.inference_mode():
+                for start in starts:
+                    batch = order[start : start + batch_size]
+                    for rows in _split_padding(batch, [len(ids[i]) for i in batch]):
+                        out[torch.tensor(rows)] = self._embed([ids[i] for i in rows], normalize)
+        if single:
+            out = out[0]
+        return out if convert_to_tensor else out.numpy()
+
+    def _embed(self, ids: list[list[int]], normalize: bool) -> Tensor:
+        """Pooled embeddings (B, C) of one batch of token ids."""
+        input_ids, mask = self.batch(ids)
+        # A batch of equal lengths has no padding: no mask to build, apply or check.
+        equal = all(len(x) == len(ids[0]) for x in ids)
+        hidden = self.model(input_ids, None if equal else mask).last_hidden_state
+        pooled = hidden.mean(1) if equal else self.mean_pool(hidden, mask)
+        if normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.float()
+
+    @property
+    def max_position_limit(self) -> int:
+        return self.model.config.max_position_embeddings
+
+
+def _split_padding(rows: list[int], lengths: list[int], min_saving: float = 0.1) -> list[list[int]]:
+    """Split a batch sorted by decreasing length in two where that removes at least
+    `min_saving` of its padded tokens (long texts spread widely in length; attention on them
+    is quadratic). Never more texts per piece than the batch had, so memory stays bounded."""
+    n = len(rows)
+    padded = lengths[0] * n
+    best_k, best = 0, padded
+    for k in range(1, n):
+        cost = lengths[0] * k + lengths[k] * (n - k)
+        if cost < best:
+            best_k, best = k, cost
+    if best_k and padded - best >= min_saving * padded:
+        return [rows[:best_k], rows[best_k:]]
+    return [rows]
