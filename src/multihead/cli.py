@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import __version__, cli_embed
+from . import __version__, cli_embed, cli_inspect
 
 
 def _positive_int(text: str) -> int:
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--repeats", type=_positive_int, default=3, help="runs per encoder")
     emb.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
 
+    cli_inspect.add_commands(commands)
     cli_embed.add_commands(commands)
     return parser
 
@@ -73,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         return 0
+    if args.command == "inspect":
+        return cli_inspect.run_inspect(args)
+    if args.command == "heads":
+        return cli_inspect.run_heads(args)
     if args.command == "embed":
         return cli_embed.run_embed(args)
     if args.command == "similarity":

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..table import format_table  # noqa: F401  (re-exported for the suites)
+
 
 def _calls_per_sample(fn: Callable[[], object], min_time: float) -> int:
     """How many calls make one sample last at least `min_time` seconds (small shapes loop)."""
@@ -64,17 +66,3 @@ def environment() -> dict[str, str]:
         "cores": str(os.cpu_count()),
         "python": platform.python_version(),
     }
-
-
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain aligned text table (first column left, the rest right)."""
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            str(c).ljust(w) if i == 0 else str(c).rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(r) for r in rows)])

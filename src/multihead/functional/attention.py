@@ -13,6 +13,11 @@ from torch import Tensor
 from .backends import available_backends, get_backend, select_backend
 from .call import AttentionCall, make_call
 
+# Observers of every attention call (capture sessions, head gates): see multihead.interpret.
+# Each is `observe(call, backend, run) -> (out, weights)`, where `run(call, backend)` is the
+# normal dispatch. Empty on the normal path, so the only cost there is one truth test.
+INTERCEPTORS: list = []
+
 
 def dispatch(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor | None]:
     """Run a validated `AttentionCall` on `backend`: every attention in multihead passes here.
@@ -21,7 +26,16 @@ def dispatch(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor
     and v themselves build it directly (checking only user-supplied masks with `check_mask`),
     which keeps per-call overhead small.
     """
+    if INTERCEPTORS:
+        return _observed(call, backend, len(INTERCEPTORS) - 1)
     return select_backend(call, backend).run(call)
+
+
+def _observed(call: AttentionCall, backend: str, level: int) -> tuple[Tensor, Tensor | None]:
+    """Let interceptor `level` wrap the dispatch of everything below it (innermost first)."""
+    if level < 0:
+        return select_backend(call, backend).run(call)
+    return INTERCEPTORS[level](call, backend, lambda c, b: _observed(c, b, level - 1))
 
 
 def attention(
