@@ -6,11 +6,14 @@ D head_dim.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import AttentionCall, check_mask, dispatch
+from ..cache import CrossKVCache, KVCache
+from ..functional import AttentionCall, check_mask, dispatch, masks
 from ..functional.masks import key_mask_to_mask
+from ..positional import ALiBi, RotaryEmbedding
 
 
 def _apply_linear(layer: nn.Module, x: Tensor) -> Tensor:
@@ -45,6 +48,8 @@ class MultiHeadAttention(nn.Module):
         bias: biases on the projections.
         dropout: dropout on the attention probabilities, in training mode only.
         causal: default for `forward(causal=...)`.
+        position: a `RotaryEmbedding` (rotates q and k) or an `ALiBi` (adds its bias), applied to
+            self-attention; positions continue from a KV cache's length.
     """
 
     def __init__(
@@ -59,6 +64,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         causal: bool = False,
+        position: nn.Module | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -103,6 +109,12 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(q_width, embed_dim, bias=bias, **factory)
         self._split = (q_width, kv_width, kv_width)
         self._scale = head_dim**-0.5
+        if position is not None and not isinstance(position, (RotaryEmbedding, ALiBi)):
+            kind = type(position).__name__
+            raise TypeError(f"position must be a RotaryEmbedding, an ALiBi or None, got {kind}")
+        if isinstance(position, RotaryEmbedding) and position.head_dim != head_dim:
+            raise ValueError(f"RotaryEmbedding head_dim {position.head_dim} != head_dim {head_dim}")
+        self.position = position
 
     def extra_repr(self) -> str:
         return (
@@ -121,6 +133,8 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         causal: bool | None = None,
         return_weights: bool = False,
+        cache: KVCache | CrossKVCache | None = None,
+        positions: Tensor | None = None,
     ):
         """Attend from `query` `(B, Tq, C)` to `key` `(B, Tk, kdim)` / `value` `(B, Tk, vdim)`.
 
@@ -129,6 +143,10 @@ class MultiHeadAttention(nn.Module):
         `key_mask`: `(B, Tk)`, True = a real key (padding is False).
         `causal`: overrides the constructor's default (bottom-right aligned).
         Unbatched `(T, C)` inputs give unbatched outputs.
+        `cache`: a `KVCache` (self-attention: this call's keys are appended and every cached key is
+        attended, causal alignment bottom-right; `key_mask` then covers this call's tokens only)
+        or a `CrossKVCache` (the memory's keys/values are computed at the first call, then reused).
+        `positions`: (Tq,) or (B, Tq) positions for RoPE/ALiBi; default: from the cache's length.
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
@@ -151,7 +169,16 @@ class MultiHeadAttention(nn.Module):
             query, key, value = query[None], key[None], value[None]
             if isinstance(key_mask, Tensor):
                 key_mask = key_mask[None]
-        q, k, v = self._project(query, key, value, self_attention)
+        bias = None
+        if cache is None and self.position is None:
+            q, k, v = self._project(query, key, value, self_attention)
+        else:
+            q, k, v, key_mask, bias, extra_mask = self._positions_and_cache(
+                query, key, value, self_attention, key_mask, cache, positions
+            )
+            mask = (
+                extra_mask if mask is None else (mask if extra_mask is None else mask & extra_mask)
+            )
         B, H, Tq, _ = q.shape
         if mask is not None:  # user-supplied: checked here, since the call below is trusted
             check_mask(mask, (B, H, Tq, k.shape[2]), q.device)
@@ -167,7 +194,7 @@ class MultiHeadAttention(nn.Module):
             k,
             v,
             mask,
-            None,
+            bias,
             self.causal if causal is None else bool(causal),
             self._scale,
             self.dropout if self.training else 0.0,
@@ -180,6 +207,66 @@ class MultiHeadAttention(nn.Module):
             out = out[0]
             weights = None if weights is None else weights[0]
         return (out, weights) if return_weights else out
+
+    def _positions_and_cache(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        self_attention: bool,
+        key_mask: Tensor | None,
+        cache: KVCache | CrossKVCache | None,
+        positions: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """q, k, v after positions and the cache, the key mask over all keys, an additive bias
+        (ALiBi) and a mask (sliding window), for calls with a cache or a position module."""
+        if isinstance(cache, CrossKVCache):
+            if cache.filled:  # the memory was projected at the first call: reuse it
+                q = self._heads(self._project_query(query), self.num_heads)
+                assert cache.k is not None and cache.v is not None
+                return (
+                    q,
+                    cache.k,
+                    cache.v,
+                    cache.key_mask if key_mask is None else key_mask,
+                    None,
+                    None,
+                )
+            q, k, v = self._project(query, key, value, self_attention)
+            cache.k, cache.v, cache.key_mask = k, v, key_mask
+            return q, k, v, key_mask, None, None
+        q, k, v = self._project(query, key, value, self_attention)
+        Tq = q.shape[2]
+        start = cache.length if isinstance(cache, KVCache) else 0
+        if isinstance(self.position, RotaryEmbedding):
+            if not self_attention:
+                raise ValueError("RoPE applies to self-attention; this call attends to other keys")
+            if positions is None:
+                positions = torch.arange(start, start + Tq, device=q.device)
+            q, k = self.position(q, k, positions)
+        extra_mask = None
+        if isinstance(cache, KVCache):
+            if key_mask is not None and key_mask.shape != (q.shape[0], Tq):
+                raise ValueError(
+                    f"with a cache, key_mask covers this call's tokens: (B, T) = "
+                    f"{(q.shape[0], Tq)}, got {tuple(key_mask.shape)}"
+                )
+            k, v, key_mask = cache.update(k, v, key_mask)
+            if cache.window is not None:
+                extra_mask = masks.sliding_window(Tq, k.shape[2], cache.window, device=q.device)
+        bias = None
+        if isinstance(self.position, ALiBi):
+            bias = self.position.bias(Tq, k.shape[2], device=q.device).to(q.dtype)
+        return q, k, v, key_mask, bias, extra_mask
+
+    def _project_query(self, query: Tensor) -> Tensor:
+        if not self.packed:
+            return _apply_linear(self.q_proj, query)
+        bias = self.in_proj.bias
+        q_width = self._split[0]
+        return F.linear(
+            query, self.in_proj.weight[:q_width], None if bias is None else bias[:q_width]
+        )
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> bool:
         for name, t, width in (

@@ -1,0 +1,164 @@
+"""KV caches, passed to `MultiHeadAttention.forward(..., cache=...)` and never stored on modules.
+
+KVCache (self-attention): appends each call's keys/values (B, Hkv, T, D) and returns everything
+to attend over, with a key mask (B, Tk) that remembers padding. `max_length` preallocates
+(static: no reallocation per token); `window` keeps only the last W keys (sliding window).
+CrossKVCache: keys/values of an encoder output, computed at the first call and reused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        max_length: int | None = None,
+        window: int | None = None,
+        value_dim: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ) -> None:
+        for name, value in (
+            ("batch_size", batch_size),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
+        self.value_dim = value_dim or head_dim
+        self.max_length, self.window = max_length, window
+        self.dtype, self.device = dtype, torch.device(device) if device is not None else None
+        self.length = 0  # tokens seen so far: the position of the next token
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
+        self._mask: Tensor | None = None  # (B, stored), True = a real key
+        self._stored = 0
+        if max_length is not None:
+            # Static: room for max_length keys, or for a window plus one chunk of the same size.
+            room = max_length if window is None else min(max_length, 2 * window)
+            self._allocate(room, self.device or torch.device("cpu"))
+
+    def _allocate(self, room: int, device) -> None:
+        B, H = self.batch_size, self.num_kv_heads
+        self._k = torch.zeros(B, H, room, self.head_dim, dtype=self.dtype, device=device)
+        self._v = torch.zeros(B, H, room, self.value_dim, dtype=self.dtype, device=device)
+        self._mask = torch.zeros(B, room, dtype=torch.bool, device=device)
+
+    def _check(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
+        want = (self.batch_size, self.num_kv_heads, k.shape[2], self.head_dim)
+        if tuple(k.shape) != want or v.shape[:3] != k.shape[:3] or v.shape[3] != self.value_dim:
+            raise ValueError(
+                f"the cache holds (batch {self.batch_size}, kv heads {self.num_kv_heads}, "
+                f"head_dim {self.head_dim}); got keys {tuple(k.shape)} and values {tuple(v.shape)}"
+            )
+        if k.dtype != self.dtype:
+            raise ValueError(f"the cache holds {self.dtype}, got keys of {k.dtype}")
+        if self.max_length is not None and self.length + k.shape[2] > self.max_length:
+            raise ValueError(
+                f"{self.length + k.shape[2]} tokens do not fit a cache of max_length "
+                f"{self.max_length} ({self.length} cached, {k.shape[2]} new)"
+            )
+        if key_mask is not None and tuple(key_mask.shape) != (self.batch_size, k.shape[2]):
+            raise ValueError(
+                f"key_mask must have shape (B, T) = {(self.batch_size, k.shape[2])}, "
+                f"got {tuple(key_mask.shape)}"
+            )
+
+    def update(
+        self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Append k (B, Hkv, T, D), v and their key mask (B, T); return all keys, values and the
+        key mask to attend over (the window's, when one is set)."""
+        self._check(k, v, key_mask)
+        T = k.shape[2]
+        new_mask = (
+            torch.ones(self.batch_size, T, dtype=torch.bool, device=k.device)
+            if key_mask is None
+            else key_mask.to(torch.bool)
+        )
+        if self.max_length is None:
+            self._append_dynamic(k, v, new_mask)
+        else:
+            self._append_static(k, v, new_mask)
+        self.length += T
+        assert self._k is not None and self._v is not None and self._mask is not None
+        n = self._stored
+        keys, values, mask = self._k[:, :, :n], self._v[:, :, :n], self._mask[:, :n]
+        if self.window is not None:  # this call's queries need up to window - 1 earlier keys
+            keep = min(n, self.window - 1 + T)
+            keys, values, mask = (
+                keys[:, :, n - keep :],
+                values[:, :, n - keep :],
+                mask[:, n - keep :],
+            )
+        return keys, values, mask
+
+    def _append_dynamic(self, k: Tensor, v: Tensor, mask: Tensor) -> None:
+        if self._k is None:
+            self._k, self._v, self._mask = k, v, mask
+        else:
+            assert self._v is not None and self._mask is not None
+            keep = self._stored if self.window is None else min(self._stored, self.window - 1)
+            self._k = torch.cat([self._k[:, :, self._stored - keep :], k], dim=2)
+            self._v = torch.cat([self._v[:, :, self._stored - keep :], v], dim=2)
+            self._mask = torch.cat([self._mask[:, self._stored - keep :], mask], dim=1)
+        self._stored = self._k.shape[2]
+
+    def _append_static(self, k: Tensor, v: Tensor, mask: Tensor) -> None:
+        assert self._k is not None and self._v is not None and self._mask is not None
+        if self._k.device != k.device:
+            raise ValueError(f"the cache is on {self._k.device}, got keys on {k.device}")
+        T, room = k.shape[2], self._k.shape[2]
+        if self._stored + T > room:  # window only: slide the last window - 1 keys to the front
+            assert self.window is not None
+            keep = min(self._stored, self.window - 1)
+            if keep + T > room:
+                raise ValueError(
+                    f"a chunk of {T} tokens does not fit a window cache of room {room}"
+                )
+            s = self._stored
+            self._k[:, :, :keep] = self._k[:, :, s - keep : s].clone()
+            self._v[:, :, :keep] = self._v[:, :, s - keep : s].clone()
+            self._mask[:, :keep] = self._mask[:, s - keep : s].clone()
+            self._stored = keep
+        s = self._stored
+        self._k[:, :, s : s + T] = k
+        self._v[:, :, s : s + T] = v
+        self._mask[:, s : s + T] = mask
+        self._stored = s + T
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep rows (B,) of the batch, in that order (beam search, dropping finished rows)."""
+        assert self._k is not None and self._v is not None and self._mask is not None
+        self._k, self._v, self._mask = self._k[rows], self._v[rows], self._mask[rows]
+        self.batch_size = self._k.shape[0]
+
+
+class CrossKVCache:
+    """Keys and values of a cross-attention's memory (encoder output), computed once."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.key_mask: Tensor | None = None
+
+    @property
+    def filled(self) -> bool:
+        return self.k is not None
+
+
+def make_caches(num_layers: int, *args, **kwargs) -> list[KVCache]:
+    """One KVCache per layer, all configured alike."""
+    return [KVCache(*args, **kwargs) for _ in range(num_layers)]

@@ -1,0 +1,85 @@
+"""RoPE, ALiBi and absolute positions."""
+
+import math
+
+import pytest
+import torch
+
+from multihead.positional import (
+    LearnedPositions,
+    RotaryEmbedding,
+    SinusoidalPositions,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    rope_cos_sin,
+    rope_frequencies,
+    sinusoidal_positions,
+)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    D = 8
+    inv = rope_frequencies(D)
+    q, k = torch.randn(D, dtype=torch.float64), torch.randn(D, dtype=torch.float64)
+
+    def score(i, j):
+        ci, si = rope_cos_sin(torch.tensor([i]), inv, torch.float64)
+        cj, sj = rope_cos_sin(torch.tensor([j]), inv, torch.float64)
+        return (
+            apply_rope(q.view(1, 1, 1, D), ci, si) * apply_rope(k.view(1, 1, 1, D), cj, sj)
+        ).sum()
+
+    assert score(5, 2) == pytest.approx(float(score(13, 10)), abs=1e-10)
+    assert score(5, 2) == pytest.approx(float(score(3, 0)), abs=1e-10)
+    assert score(5, 2) != pytest.approx(float(score(5, 3)), abs=1e-6)
+
+
+def test_rope_hand_computed_and_norm_preserving():
+    # D = 2: a plain 2-D rotation by position * 1 radian.
+    x = torch.tensor([[[[1.0, 0.0]]]], dtype=torch.float64)
+    cos, sin = rope_cos_sin(torch.tensor([1]), rope_frequencies(2), torch.float64)
+    torch.testing.assert_close(
+        apply_rope(x, cos, sin)[0, 0, 0],
+        torch.tensor([math.cos(1), math.sin(1)], dtype=torch.float64),
+    )
+    rope = RotaryEmbedding(16)
+    q, k = torch.randn(2, 3, 5, 16), torch.randn(2, 1, 5, 16)
+    q2, _ = rope(q, k, torch.arange(5))
+    torch.testing.assert_close(q2.norm(dim=-1), q.norm(dim=-1))
+    # Per-row positions (B, T), and positions past the initial cache grow it.
+    q3, _ = rope(q, k, torch.stack([torch.arange(5), torch.arange(5) + 3000]))
+    torch.testing.assert_close(q3[0], q2[0])
+
+
+def test_rope_rejects_odd_head_dim():
+    with pytest.raises(ValueError, match="even head_dim, got 7"):
+        RotaryEmbedding(7)
+
+
+def test_alibi_slopes_as_in_the_paper():
+    assert alibi_slopes(8).tolist() == pytest.approx([2 ** -(i + 1) for i in range(8)])
+    s12 = alibi_slopes(12).tolist()
+    assert s12[:8] == pytest.approx([2 ** -(i + 1) for i in range(8)])
+    assert s12[8:] == pytest.approx([2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5])
+    assert len(alibi_slopes(5)) == 5
+    with pytest.raises(ValueError):
+        alibi_slopes(0)
+
+
+def test_alibi_bias_bottom_right():
+    b = alibi_bias(torch.tensor([0.5]), 2, 4)
+    # queries at positions 2, 3; keys 0..3
+    assert b[0, 0].tolist() == [[-1.0, -0.5, 0.0, -0.5], [-1.5, -1.0, -0.5, 0.0]]
+
+
+def test_absolute_positions():
+    table = sinusoidal_positions(10, 6)
+    assert table[0].tolist() == [0, 1, 0, 1, 0, 1]
+    assert table[3, 0] == pytest.approx(math.sin(3)) and table[3, 1] == pytest.approx(math.cos(3))
+    assert table[3, 2] == pytest.approx(math.sin(3 / 10000 ** (2 / 6)))
+    assert SinusoidalPositions(6, max_positions=4)(torch.arange(10)).shape == (10, 6)
+    learned = LearnedPositions(8, 4)
+    assert learned(torch.arange(8)).shape == (8, 4)
+    with pytest.raises(ValueError, match=r"position 8 is past the position table \(8 positions\)"):
+        learned(torch.arange(9))
