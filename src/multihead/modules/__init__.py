@@ -2,6 +2,21 @@
 
 from .attention import MultiHeadAttention
 from .block import TransformerBlock
-from .feedforward import FeedForward
+from .feedforward import FeedForward, SwiGLU
+from .lm import CausalLM, LMConfig
+from .norm import RMSNorm
+from .stacks import Decoder, Encoder, EncoderDecoder, StackConfig
 
-__all__ = ["FeedForward", "MultiHeadAttention", "TransformerBlock"]
+__all__ = [
+    "CausalLM",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
+    "FeedForward",
+    "LMConfig",
+    "MultiHeadAttention",
+    "RMSNorm",
+    "StackConfig",
+    "SwiGLU",
+    "TransformerBlock",
+]

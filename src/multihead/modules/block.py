@@ -2,16 +2,20 @@
 
 post-norm (BERT):  x = norm1(x + drop(attn(x)));  x = norm2(x + drop(ffn(x)))
 pre-norm (GPT-2):  x = x + drop(attn(norm1(x)));  x = x + drop(ffn(norm2(x)))
+With cross-attention (a decoder layer), a third branch attends to the encoder memory between
+the two: norm_cross / cross_attn.
 
-Shapes: (B, T, C) in and out.
+Shapes: x (B, T, C) in and out; memory (B, S, C).
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
+from ..cache import CrossKVCache, KVCache
 from .attention import MultiHeadAttention
-from .feedforward import FeedForward
+from .feedforward import FeedForward, SwiGLU
+from .norm import make_norm
 
 
 class TransformerBlock(nn.Module):
@@ -21,25 +25,57 @@ class TransformerBlock(nn.Module):
         num_heads: int,
         ffn_dim: int,
         *,
+        num_kv_heads: int | None = None,
         norm_first: bool = False,
+        norm: str = "layernorm",
         norm_eps: float = 1e-5,
-        activation: str = "gelu",
+        mlp: str = "gelu",
+        activation: str | None = None,
         bias: bool = True,
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         causal: bool = False,
+        cross_attention: bool = False,
+        position: nn.Module | None = None,
         device=None,
         dtype=None,
     ) -> None:
+        """`mlp`: "gelu" (Linear-GELU-Linear; `activation` names another pointwise function, as
+        Hugging Face's hidden_act) or "swiglu". `norm`: "layernorm" or "rmsnorm"."""
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.norm_first = norm_first
         self.attn = MultiHeadAttention(
-            dim, num_heads, bias=bias, dropout=attn_dropout, causal=causal, **factory
+            dim,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            bias=bias,
+            dropout=attn_dropout,
+            causal=causal,
+            position=position,
+            **factory,
         )
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **factory)
-        self.ffn = FeedForward(dim, ffn_dim, activation_name=activation, bias=bias, **factory)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **factory)
+        self.norm1 = make_norm(norm, dim, norm_eps, **factory)
+        self.cross_attn: MultiHeadAttention | None = None
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(
+                dim,
+                num_heads,
+                num_kv_heads=num_kv_heads,
+                bias=bias,
+                dropout=attn_dropout,
+                **factory,
+            )
+            self.norm_cross = make_norm(norm, dim, norm_eps, **factory)
+        if mlp == "swiglu":
+            self.ffn: nn.Module = SwiGLU(dim, ffn_dim, bias=bias, **factory)
+        elif mlp == "gelu":
+            self.ffn = FeedForward(
+                dim, ffn_dim, activation_name=activation or "gelu", bias=bias, **factory
+            )
+        else:
+            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu' or 'swiglu'")
+        self.norm2 = make_norm(norm, dim, norm_eps, **factory)
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -48,19 +84,41 @@ class TransformerBlock(nn.Module):
         *,
         mask: Tensor | None = None,
         key_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        cross_cache: CrossKVCache | None = None,
+        positions: Tensor | None = None,
         return_weights: bool = False,
     ):
-        """x (B, T, C) -> (B, T, C) [, attention weights (B, H, T, T)]."""
+        """x (B, T, C) -> (B, T, C) [, self-attention weights (B, H, T, Tk)]."""
         weights = None
         h = self.norm1(x) if self.norm_first else x
-        a = self.attn(h, mask=mask, key_mask=key_mask, return_weights=return_weights)
+        a = self.attn(
+            h,
+            mask=mask,
+            key_mask=key_mask,
+            cache=cache,
+            positions=positions,
+            return_weights=return_weights,
+        )
         if return_weights:
             a, weights = a
+        x = x + self.dropout(a) if self.norm_first else self.norm1(_residual(self.dropout(a), x))
+        if self.cross_attn is not None:
+            if memory is None and (cross_cache is None or not cross_cache.filled):
+                raise ValueError("this block has cross-attention: pass memory (B, S, C)")
+            mem = memory if memory is not None else x[:, :0]  # a filled cache needs no memory
+            h = self.norm_cross(x) if self.norm_first else x
+            c = self.cross_attn(h, mem, key_mask=memory_key_mask, cache=cross_cache)
+            x = (
+                x + self.dropout(c)
+                if self.norm_first
+                else self.norm_cross(_residual(self.dropout(c), x))
+            )
         if self.norm_first:
-            x = x + self.dropout(a)
             x = x + self.dropout(self.ffn(self.norm2(x)))
         else:
-            x = self.norm1(_residual(self.dropout(a), x))
             x = self.norm2(_residual(self.dropout(self.ffn(x)), x))
         return (x, weights) if return_weights else x
 

@@ -109,3 +109,16 @@ class FeedForward(nn.Module):
             else:
                 torch.addmm(b2, h, w2.t(), out=piece)
         return out.view(*x.shape[:-1], self.fc2.out_features)
+
+
+class SwiGLU(nn.Module):
+    """`down(silu(gate(x)) * up(x))` (Shazeer 2020), the MLP of LLaMA-style blocks."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
+        self.up = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
+        self.down = nn.Linear(hidden_dim, dim, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))

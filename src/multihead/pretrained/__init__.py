@@ -7,6 +7,7 @@ from pathlib import Path
 from .bert import BertConfig, BertEncoder, EncoderOutput, load_bert_weights
 from .encoder import SentenceEncoder
 from .files import DEFAULT_MODEL, read_json, read_weights, resolve_model_dir
+from .gpt2 import load_causal_lm
 from .tokenizer import load_tokenizer, pad_id
 
 
@@ -56,5 +57,6 @@ __all__ = [
     "BertEncoder",
     "EncoderOutput",
     "SentenceEncoder",
+    "load_causal_lm",
     "load_encoder",
 ]

@@ -19,6 +19,7 @@ LAYER = "{i}"  # placeholder for the layer index in rule keys
 class Rule:
     target: str  # our state_dict key, may contain {i}
     sources: tuple[str, ...]  # checkpoint keys, concatenated along dim 0 when several
+    transpose: bool = False  # e.g. GPT-2's Conv1D stores (in, out); nn.Linear wants (out, in)
 
     @classmethod
     def same(cls, *keys: str) -> list[Rule]:
@@ -62,7 +63,8 @@ def convert_state_dict(
                 missing.extend(absent)
                 continue
             tensors = [checkpoint[s] for s in sources]
-            out[target] = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+            value = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+            out[target] = value.t().contiguous() if rule.transpose and value.dim() == 2 else value
     unexpected = sorted(
         k for k in checkpoint if k not in used and not k.startswith(ignored_prefixes)
     )

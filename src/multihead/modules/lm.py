@@ -1,0 +1,208 @@
+"""A causal language model (GPT-2 layout by default) with cached generation.
+
+Shapes: input_ids (B, T) -> logits (B, T, V). Generation keeps one KVCache per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..cache import KVCache
+from ..positional import ALiBi, LearnedPositions, RotaryEmbedding
+from .attention import MultiHeadAttention
+from .block import TransformerBlock
+from .norm import make_norm
+from .sampling import check_sampling, sample
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    vocab_size: int
+    dim: int
+    num_layers: int
+    num_heads: int
+    ffn_dim: int | None = None  # default 4 * dim
+    num_kv_heads: int | None = None
+    max_positions: int = 1024
+    position: str = "learned"  # "learned", "rope" or "alibi"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"
+    activation: str = "gelu_new"
+    bias: bool = True
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: LMConfig, device=None, dtype=None) -> None:
+        super().__init__()
+        if config.position not in ("learned", "rope", "alibi"):
+            raise ValueError(f"unknown position {config.position!r}: learned, rope or alibi")
+        self.config = config
+        factory = {"device": device, "dtype": dtype}
+        C, H = config.dim, config.num_heads
+        self.tok = nn.Embedding(config.vocab_size, C, **factory)
+        self.pos = (
+            LearnedPositions(config.max_positions, C, **factory)
+            if config.position == "learned"
+            else None
+        )
+        self.drop = nn.Dropout(config.dropout)
+
+        def position() -> nn.Module | None:
+            if config.position == "rope":
+                return RotaryEmbedding(C // H, max_positions=config.max_positions)
+            return ALiBi(H) if config.position == "alibi" else None
+
+        self.layers = nn.ModuleList(
+            TransformerBlock(
+                C,
+                H,
+                config.ffn_dim or 4 * C,
+                num_kv_heads=config.num_kv_heads,
+                norm_first=True,
+                norm=config.norm,
+                norm_eps=config.norm_eps,
+                mlp=config.mlp,
+                activation=config.activation,
+                bias=config.bias,
+                dropout=config.dropout,
+                attn_dropout=config.dropout,
+                causal=True,
+                position=position(),
+                **factory,
+            )
+            for _ in range(config.num_layers)
+        )
+        self.norm_f = make_norm(config.norm, C, config.norm_eps, **factory)
+        self.head = nn.Linear(C, config.vocab_size, bias=False, **factory)
+        if config.tie_embeddings:
+            self.head.weight = self.tok.weight
+
+    def attention(self, layer: int) -> MultiHeadAttention:
+        block = self.layers[layer]
+        assert isinstance(block, TransformerBlock)
+        return block.attn
+
+    def make_caches(self, batch_size: int, max_length: int | None = None) -> list[KVCache]:
+        """One cache per layer; `max_length` preallocates (no reallocation while decoding)."""
+        p = self.tok.weight
+        a = self.attention(0)
+        return [
+            KVCache(
+                batch_size,
+                a.num_kv_heads,
+                a.head_dim,
+                max_length=max_length,
+                dtype=p.dtype,
+                device=p.device,
+            )
+            for _ in self.layers
+        ]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """Logits (B, T, V). `attention_mask` (B, T): 1/True = token, 0 = padding (of this call's
+        tokens when caches are given). `positions` default: after the cached tokens, or counted
+        over real tokens when there is padding (so left padding does not shift positions)."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (B, T), got {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if caches is not None:
+            if len(caches) != len(self.layers):
+                raise ValueError(
+                    f"expected {len(self.layers)} caches (one per layer), got {len(caches)}"
+                )
+            if caches[0].batch_size != B:
+                raise ValueError(f"the caches were built for batch {caches[0].batch_size}, got {B}")
+        start = caches[0].length if caches else 0
+        key_mask = None if attention_mask is None else attention_mask.bool()
+        if positions is None:
+            if key_mask is not None and start == 0:
+                positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+            else:
+                positions = torch.arange(start, start + T, device=input_ids.device)
+        if self.config.position == "learned" or self.config.position == "rope":
+            limit = self.config.max_positions
+            if positions.numel() and int(positions.max()) >= limit:
+                last = int(positions.max())
+                raise ValueError(f"position {last} is past the position table ({limit} positions)")
+        x = self.tok(input_ids)
+        if self.pos is not None:
+            x = x + self.pos(positions)
+        x = self.drop(x)
+        for i, layer in enumerate(self.layers):
+            x = layer(
+                x,
+                key_mask=key_mask,
+                cache=None if caches is None else caches[i],
+                positions=positions if self.config.position == "rope" else None,
+            )
+        return self.head(self.norm_f(x))
+
+    @torch.inference_mode()
+    def generate_stream(
+        self,
+        prompt_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        attention_mask: Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """Yield the next token of every row (B,), one step at a time. Prompts of different
+        lengths: left-pad them and pass `attention_mask` (1 = token). temperature 0 = greedy.
+        Rows that produced `eos` keep producing `eos`; generation stops when all have."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
+            raise ValueError(
+                f"prompt_ids must have shape (B, P) with P >= 1, got {tuple(prompt_ids.shape)}"
+            )
+        B, P = prompt_ids.shape
+        mask = (
+            torch.ones_like(prompt_ids, dtype=torch.bool)
+            if attention_mask is None
+            else attention_mask.bool()
+        )
+        real = mask.sum(-1)  # (B,) prompt lengths
+        if (
+            self.config.position == "learned"
+            and int(real.max()) + max_new_tokens > self.config.max_positions
+        ):
+            raise ValueError(
+                f"prompt ({int(real.max())} tokens) + max_new_tokens ({max_new_tokens}) is longer "
+                f"than the position table ({self.config.max_positions} positions)"
+            )
+        caches = self.make_caches(B, max_length=P + max_new_tokens)
+        logits = self(prompt_ids, attention_mask=mask, caches=caches)[:, -1]
+        finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
+        positions = real.clone()
+        for step in range(max_new_tokens):
+            token = sample(logits, temperature, top_k, top_p, generator)
+            if eos is not None:
+                token = torch.where(finished, torch.full_like(token, eos), token)
+                finished |= token == eos
+            yield token
+            if step + 1 == max_new_tokens or (eos is not None and bool(finished.all())):
+                return
+            logits = self(token[:, None], caches=caches, positions=positions[:, None])[:, -1]
+            positions += 1
+
+    def generate(self, prompt_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """(B, P + new): the prompts followed by the generated tokens (see generate_stream)."""
+        new = list(self.generate_stream(prompt_ids, max_new_tokens, **kwargs))
+        return torch.cat([prompt_ids, torch.stack(new, dim=1)], dim=1)

@@ -1,0 +1,156 @@
+"""Encoder, decoder and encoder-decoder stacks of TransformerBlocks, configured by a small frozen
+dataclass. Shapes: x (B, T, C); memory (B, S, C); token ids (B, T) -> logits (B, T, V)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..cache import CrossKVCache, KVCache
+from ..positional import SinusoidalPositions
+from .attention import MultiHeadAttention
+from .block import TransformerBlock
+from .norm import make_norm
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    dim: int
+    num_layers: int
+    num_heads: int
+    ffn_dim: int
+    num_kv_heads: int | None = None
+    norm_first: bool = True
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"
+    activation: str = "gelu"
+    bias: bool = True
+    dropout: float = 0.0
+
+
+def _blocks(cfg: StackConfig, *, causal: bool, cross: bool) -> nn.ModuleList:
+    return nn.ModuleList(
+        TransformerBlock(
+            cfg.dim,
+            cfg.num_heads,
+            cfg.ffn_dim,
+            num_kv_heads=cfg.num_kv_heads,
+            norm_first=cfg.norm_first,
+            norm=cfg.norm,
+            norm_eps=cfg.norm_eps,
+            mlp=cfg.mlp,
+            activation=cfg.activation,
+            bias=cfg.bias,
+            dropout=cfg.dropout,
+            attn_dropout=cfg.dropout,
+            causal=causal,
+            cross_attention=cross,
+        )
+        for _ in range(cfg.num_layers)
+    )
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: StackConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = _blocks(config, causal=False, cross=False)
+        self.norm = (
+            make_norm(config.norm, config.dim, config.norm_eps)
+            if config.norm_first
+            else nn.Identity()
+        )
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, key_mask=key_mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """Causal self-attention, cross-attention to the memory, MLP; caches for decoding."""
+
+    def __init__(self, config: StackConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = _blocks(config, causal=True, cross=True)
+        self.norm = (
+            make_norm(config.norm, config.dim, config.norm_eps)
+            if config.norm_first
+            else nn.Identity()
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        *,
+        key_mask: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        cross_caches: list[CrossKVCache] | None = None,
+    ) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(
+                x,
+                key_mask=key_mask,
+                memory=memory,
+                memory_key_mask=memory_key_mask,
+                cache=None if caches is None else caches[i],
+                cross_cache=None if cross_caches is None else cross_caches[i],
+            )
+        return self.norm(x)
+
+
+class EncoderDecoder(nn.Module):
+    """Token embeddings + sinusoidal positions, an Encoder, a Decoder and a tied output head."""
+
+    def __init__(self, vocab_size: int, encoder: StackConfig, decoder: StackConfig) -> None:
+        super().__init__()
+        if encoder.dim != decoder.dim:
+            raise ValueError(f"encoder dim {encoder.dim} != decoder dim {decoder.dim}")
+        self.embed = nn.Embedding(vocab_size, encoder.dim)
+        self.positions = SinusoidalPositions(encoder.dim)
+        self.encoder, self.decoder = Encoder(encoder), Decoder(decoder)
+        self.head = nn.Linear(decoder.dim, vocab_size, bias=False)
+        self.head.weight = self.embed.weight
+
+    def _embed(self, ids: Tensor, start: int = 0) -> Tensor:
+        return self.embed(ids) + self.positions(
+            torch.arange(start, start + ids.shape[1], device=ids.device)
+        )
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.encoder(self._embed(src_ids), key_mask=src_mask)
+
+    def forward(
+        self, src_ids: Tensor, tgt_ids: Tensor, *, src_mask: Tensor | None = None
+    ) -> Tensor:
+        memory = self.encode(src_ids, src_mask)
+        return self.head(self.decoder(self._embed(tgt_ids), memory, memory_key_mask=src_mask))
+
+    @torch.inference_mode()
+    def greedy(
+        self, src_ids: Tensor, bos: int, max_new_tokens: int, *, src_mask: Tensor | None = None
+    ) -> Tensor:
+        """(B, 1 + new) target ids from `bos`, decoding one token at a time with caches; the
+        encoder memory is projected once per layer (CrossKVCache)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens}")
+        B = src_ids.shape[0]
+        memory = self.encode(src_ids, src_mask)
+        a = self.decoder.layers[0].attn
+        assert isinstance(a, MultiHeadAttention)
+        caches = [
+            KVCache(B, a.num_kv_heads, a.head_dim, dtype=memory.dtype) for _ in self.decoder.layers
+        ]
+        cross = [CrossKVCache() for _ in self.decoder.layers]
+        out = torch.full((B, 1), bos, dtype=torch.long, device=src_ids.device)
+        for t in range(max_new_tokens):
+            x = self._embed(out[:, -1:], start=t)
+            h = self.decoder(x, memory, memory_key_mask=src_mask, caches=caches, cross_caches=cross)
+            out = torch.cat([out, self.head(h)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return out
