@@ -45,6 +45,7 @@ class KVCache:
         self._v: Tensor | None = None
         self._mask: Tensor | None = None  # (B, stored), True = a real key
         self._stored = 0
+        self._padded = False  # has any key been padding? If not, no mask is handed out
         if max_length is not None:
             # Static: room for max_length keys, or for a window plus one chunk of the same size.
             room = max_length if window is None else min(max_length, 2 * window)
@@ -78,9 +79,10 @@ class KVCache:
 
     def update(
         self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Append k (B, Hkv, T, D), v and their key mask (B, T); return all keys, values and the
-        key mask to attend over (the window's, when one is set)."""
+        key mask to attend over (the window's, when one is set; None while no key was padding,
+        so the fused kernel runs without a mask)."""
         self._check(k, v, key_mask)
         T = k.shape[2]
         new_mask = (
@@ -88,6 +90,8 @@ class KVCache:
             if key_mask is None
             else key_mask.to(torch.bool)
         )
+        if key_mask is not None and not self._padded:
+            self._padded = not bool(new_mask.all())
         if self.max_length is None:
             self._append_dynamic(k, v, new_mask)
         else:
@@ -103,7 +107,7 @@ class KVCache:
                 values[:, :, n - keep :],
                 mask[:, n - keep :],
             )
-        return keys, values, mask
+        return keys, values, (mask if self._padded else None)
 
     def _append_dynamic(self, k: Tensor, v: Tensor, mask: Tensor) -> None:
         if self._k is None:
@@ -144,6 +148,7 @@ class KVCache:
         assert self._k is not None and self._v is not None and self._mask is not None
         self._k, self._v, self._mask = self._k[rows], self._v[rows], self._mask[rows]
         self.batch_size = self._k.shape[0]
+        self._padded = not bool(self._mask[:, : self._stored].all())
 
 
 class CrossKVCache:

@@ -45,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--repeats", type=_positive_int, default=3, help="runs per encoder")
     emb.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
 
+    dec = suites.add_parser(
+        "decode", help="greedy decoding with the KV cache vs recomputation and HF GPT-2 generate"
+    )
+    dec.add_argument("--batches", type=_positive_int, nargs="+", default=[1, 8])
+    dec.add_argument("--new", type=_positive_int, default=256, help="tokens to generate")
+    dec.add_argument("--prompt", type=_positive_int, default=128, help="prompt length")
+    dec.add_argument("--repeats", type=_positive_int, default=2, help="runs per contender")
+    dec.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
+
     cli_inspect.add_commands(commands)
     cli_embed.add_commands(commands)
     return parser
@@ -65,6 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench import attention as suite
 
             print(suite.main(quick=args.quick, repeats=args.repeats))
+        elif args.suite == "decode":
+            from .bench import decode
+
+            print(
+                decode.run(
+                    batches=args.batches, prompt_len=args.prompt, new=args.new, repeats=args.repeats
+                )
+            )
         elif args.suite == "embed":
             from .bench import embed
 
