@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from ..modules import CausalLM, LMConfig
+from ..modules import CausalLM
 from .timing import environment, format_table
 
 
