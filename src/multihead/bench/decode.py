@@ -51,7 +51,8 @@ def _cached_steps(model: CausalLM, prompt: torch.Tensor, new: int) -> list[float
     times = []
     with torch.inference_mode():
         caches = model.make_caches(B, max_length=P + new)
-        token = model(prompt, caches=caches)[:, -1].argmax(-1)
+        model._head_layout_for(B)  # as generate does
+        token = model(prompt, caches=caches, last_only=True)[:, -1].argmax(-1)
         for _ in range(new - 1):
             start = time.perf_counter()
             token = model(token[:, None], caches=caches)[:, -1].argmax(-1)
@@ -61,11 +62,11 @@ def _cached_steps(model: CausalLM, prompt: torch.Tensor, new: int) -> list[float
 
 def _recompute_step(model: CausalLM, ids: torch.Tensor, repeats: int = 2) -> float:
     with torch.inference_mode():
-        model(ids)
+        model(ids, last_only=True)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            model(ids)[:, -1].argmax(-1)
+            model(ids, last_only=True)[:, -1].argmax(-1)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 
