@@ -10,6 +10,8 @@ Shapes: x (B, T, C) in and out; memory (B, S, C).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from ..cache import CrossKVCache, KVCache
@@ -121,6 +123,44 @@ class TransformerBlock(nn.Module):
         else:
             x = self.norm2(_residual(self.dropout(self.ffn(x)), x))
         return (x, weights) if return_weights else x
+
+
+def make_blocks(
+    config,
+    *,
+    causal: bool,
+    cross_attention: bool = False,
+    norm_first: bool | None = None,
+    position: Callable[[], nn.Module | None] | None = None,
+    device=None,
+    dtype=None,
+) -> nn.ModuleList:
+    """`config.num_layers` TransformerBlocks from a model config (StackConfig, LMConfig): the
+    fields dim, num_heads, ffn_dim (None: 4 * dim), num_kv_heads, norm, norm_eps, mlp,
+    activation, bias, dropout, and norm_first unless given. `position` makes each layer's
+    position module (RoPE/ALiBi)."""
+    return nn.ModuleList(
+        TransformerBlock(
+            config.dim,
+            config.num_heads,
+            config.ffn_dim or 4 * config.dim,
+            num_kv_heads=config.num_kv_heads,
+            norm_first=config.norm_first if norm_first is None else norm_first,
+            norm=config.norm,
+            norm_eps=config.norm_eps,
+            mlp=config.mlp,
+            activation=config.activation,
+            bias=config.bias,
+            dropout=config.dropout,
+            attn_dropout=config.dropout,
+            causal=causal,
+            cross_attention=cross_attention,
+            position=position() if position is not None else None,
+            device=device,
+            dtype=dtype,
+        )
+        for _ in range(config.num_layers)
+    )
 
 
 def _residual(branch: Tensor, x: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from ..cache import KVCache
 from ..positional import ALiBi, LearnedPositions, RotaryEmbedding
 from .attention import MultiHeadAttention
-from .block import TransformerBlock
+from .block import TransformerBlock, make_blocks
 from .norm import make_norm
 from .sampling import check_sampling, sample
 
@@ -59,25 +59,8 @@ class CausalLM(nn.Module):
                 return RotaryEmbedding(C // H, max_positions=config.max_positions)
             return ALiBi(H) if config.position == "alibi" else None
 
-        self.layers = nn.ModuleList(
-            TransformerBlock(
-                C,
-                H,
-                config.ffn_dim or 4 * C,
-                num_kv_heads=config.num_kv_heads,
-                norm_first=True,
-                norm=config.norm,
-                norm_eps=config.norm_eps,
-                mlp=config.mlp,
-                activation=config.activation,
-                bias=config.bias,
-                dropout=config.dropout,
-                attn_dropout=config.dropout,
-                causal=True,
-                position=position(),
-                **factory,
-            )
-            for _ in range(config.num_layers)
+        self.layers = make_blocks(
+            config, causal=True, norm_first=True, position=position, **factory
         )
         self.norm_f = make_norm(config.norm, C, config.norm_eps, **factory)
         self.head = nn.Linear(C, config.vocab_size, bias=False, **factory)

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..cache import CrossKVCache, KVCache
 from ..positional import SinusoidalPositions
 from .attention import MultiHeadAttention
-from .block import TransformerBlock
+from .block import make_blocks
 from .norm import make_norm
 
 
@@ -31,33 +31,11 @@ class StackConfig:
     dropout: float = 0.0
 
 
-def _blocks(cfg: StackConfig, *, causal: bool, cross: bool) -> nn.ModuleList:
-    return nn.ModuleList(
-        TransformerBlock(
-            cfg.dim,
-            cfg.num_heads,
-            cfg.ffn_dim,
-            num_kv_heads=cfg.num_kv_heads,
-            norm_first=cfg.norm_first,
-            norm=cfg.norm,
-            norm_eps=cfg.norm_eps,
-            mlp=cfg.mlp,
-            activation=cfg.activation,
-            bias=cfg.bias,
-            dropout=cfg.dropout,
-            attn_dropout=cfg.dropout,
-            causal=causal,
-            cross_attention=cross,
-        )
-        for _ in range(cfg.num_layers)
-    )
-
-
 class Encoder(nn.Module):
     def __init__(self, config: StackConfig) -> None:
         super().__init__()
         self.config = config
-        self.layers = _blocks(config, causal=False, cross=False)
+        self.layers = make_blocks(config, causal=False)
         self.norm = (
             make_norm(config.norm, config.dim, config.norm_eps)
             if config.norm_first
@@ -76,7 +54,7 @@ class Decoder(nn.Module):
     def __init__(self, config: StackConfig) -> None:
         super().__init__()
         self.config = config
-        self.layers = _blocks(config, causal=True, cross=True)
+        self.layers = make_blocks(config, causal=True, cross_attention=True)
         self.norm = (
             make_norm(config.norm, config.dim, config.norm_eps)
             if config.norm_first
