@@ -18,7 +18,8 @@ from torch import nn
 from .. import compat
 from ..functional import explain
 from ..modules import MultiHeadAttention
-from .timing import environment, format_table, matmul_gflops, measure
+from ..table import format_table
+from .timing import environment, matmul_gflops, measure
 
 DEFAULT_SHAPES = [(8, 512, 512, 8), (1, 4096, 512, 8), (64, 32, 384, 12), (1, 16, 256, 4)]
 QUICK_SHAPES = [(2, 64, 128, 4), (1, 16, 256, 4)]

@@ -15,7 +15,8 @@ import time
 import torch
 
 from ..modules import CausalLM
-from .timing import environment, format_table
+from ..table import format_table
+from .timing import environment
 
 
 def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..table import format_table
 from .corpus import stdlib_sentences
-from .timing import environment, format_table, measure
+from .timing import environment, measure
 
 
 def run(

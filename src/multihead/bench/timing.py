@@ -15,8 +15,6 @@ from collections.abc import Callable
 
 import torch
 
-from ..table import format_table  # noqa: F401  (re-exported for the suites)
-
 
 def _calls_per_sample(fn: Callable[[], object], min_time: float) -> int:
     """How many calls make one sample last at least `min_time` seconds (small shapes loop)."""

@@ -143,12 +143,9 @@ class MultiheadAttention(nn.MultiheadAttention):
         )
         out, weights = dispatch(call)
 
-        E = self.embed_dim
-        if batch_first:
-            out = out.transpose(1, 2).reshape(B, L, E)  # (B, H, L, D) -> (B, L, E)
-        else:
-            out = out.permute(2, 0, 1, 3).reshape(L, B, E)  # (B, H, L, D) -> (L, B, E)
-        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        out = F.linear(
+            self._merge_heads(out, batch_first), self.out_proj.weight, self.out_proj.bias
+        )
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # (B, H, L, S) -> (B, L, S)
         if not batched:
@@ -159,24 +156,18 @@ class MultiheadAttention(nn.MultiheadAttention):
     def _plain_self_attention(self, x: Tensor) -> Tensor:
         """The call TransformerEncoderLayer makes (batched self-attention, no mask, no weights)
         with the least Python per call: at small shapes that overhead is most of the time."""
-        E, H, D = self.embed_dim, self.num_heads, self.head_dim
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # one fused matmul
-        if self.batch_first:
-            B, T, _ = qkv.shape
-            # (B, T, 3E) -> (3, B, H, T, D), a view
-            q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
-        else:
-            T, B, _ = qkv.shape
-            # (T, B, 3E) -> (3, B, H, T, D), a view
-            q, k, v = qkv.view(T, B, 3, H, D).permute(2, 1, 3, 0, 4).unbind(0)
+        q, k, v = self._project(x, x, x, True, self.batch_first)
         dropout_p = self.dropout if self.training else 0.0
-        call = AttentionCall(q, k, v, None, None, False, D**-0.5, dropout_p, False)
-        out = dispatch(call)[0]
-        if self.batch_first:
-            out = out.transpose(1, 2).reshape(B, T, E)  # (B, H, T, D) -> (B, T, E)
-        else:
-            out = out.permute(2, 0, 1, 3).reshape(T, B, E)  # (B, H, T, D) -> (T, B, E)
+        call = AttentionCall(q, k, v, None, None, False, self.head_dim**-0.5, dropout_p, False)
+        out = self._merge_heads(dispatch(call)[0], self.batch_first)
         return F.linear(out, self.out_proj.weight, self.out_proj.bias)
+
+    def _merge_heads(self, out: Tensor, batch_first: bool) -> Tensor:
+        """(B, H, T, D) -> (B, T, E) or (T, B, E)."""
+        B, _, T, _ = out.shape
+        if batch_first:
+            return out.transpose(1, 2).reshape(B, T, self.embed_dim)
+        return out.permute(2, 0, 1, 3).reshape(T, B, self.embed_dim)
 
     def _heads(self, x: Tensor, batch_first: bool) -> Tensor:
         """(B, T, E) or (T, B, E) -> (B, H, T, D), a view."""

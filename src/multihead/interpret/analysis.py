@@ -33,13 +33,17 @@ class Analysis:
         return L, H
 
 
+def _attention_of(encoder, ids: list[int]) -> Tensor:
+    """(L, H, T, T) weights of one unpadded token sequence, via `capture`."""
+    with torch.inference_mode(), capture(encoder, keep_qkv=False) as records:
+        encoder(torch.tensor([ids]))
+    return torch.stack([r.weights[0] for r in records])
+
+
 def text_attention(encoder, text: str) -> TextAttention:
     """Token strings and per-layer weights (L, H, T, T) of one text, via `capture`."""
     ids = encoder.tokenize([text])[0]
-    input_ids = torch.tensor([ids])
-    with torch.inference_mode(), capture(encoder, keep_qkv=False) as records:
-        encoder(input_ids)
-    attn = torch.stack([r.weights[0] for r in records]).float()  # (L, H, T, T)
+    attn = _attention_of(encoder, ids).float()  # (L, H, T, T)
     tokens = [encoder.tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
     return TextAttention(tokens, attn)
 
@@ -64,9 +68,7 @@ def copy_probe(
         seq = [rng.randrange(low, vocab) for _ in range(length)]
         filler = [rng.randrange(low, vocab) for _ in range(rng.randint(1, length))]
         ids = [cls_id, *seq, *filler, *seq, sep_id]
-        with torch.inference_mode(), capture(encoder, keep_qkv=False) as records:
-            encoder(torch.tensor([ids]))
-        attn = torch.stack([r.weights[0] for r in records])
+        attn = _attention_of(encoder, ids)
         dup, ind = copy_scores(attn, 1, 1 + length + len(filler), length)
         dup_total = dup_total + dup
         ind_total = ind_total + ind

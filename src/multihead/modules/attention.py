@@ -323,9 +323,9 @@ class MultiHeadAttention(nn.Module):
         # Cross-attention with the packed layout: slices of the packed weight (views, no copy).
         weight, bias = self.in_proj.weight, self.in_proj.bias
         q_width = self._split[0]
-        qw, kw, vw = weight.split(self._split)
-        qb, kb, vb = (None, None, None) if bias is None else bias.split(self._split)
-        q = F.linear(query, qw, qb)
+        _, kw, vw = weight.split(self._split)
+        _, kb, vb = (None, None, None) if bias is None else bias.split(self._split)
+        q = self._project_query(query)
         if key is value:
             # The k and v rows are adjacent in the packed weight: one matmul for both.
             kv_bias = None if bias is None else bias[q_width:]

@@ -28,8 +28,6 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     q, k, v, mask, bias, causal, scale, dropout_p, _ = call
     gqa = q.shape[1] != k.shape[1]
-    if causal and q.shape[2] == 1:
-        causal = False  # one query aligned bottom-right sees every key (decoding with a cache)
     if mask is None and bias is None and (not causal or q.shape[2] == k.shape[2]):
         # No row can be empty, and top-left/bottom-right causality coincide: the kernel does all.
         out = F.scaled_dot_product_attention(
