@@ -5,10 +5,12 @@ from .attention import Explanation, attention, dispatch, explain
 from .backends import available_backends, get_backend, register_backend, unregister_backend
 from .call import AttentionCall, check_bias, check_mask
 from .sdpa_compat import scaled_dot_product_attention
+from .varlen import VarLen, varlen_attention
 
 __all__ = [
     "AttentionCall",
     "Explanation",
+    "VarLen",
     "attention",
     "available_backends",
     "check_bias",
@@ -20,4 +22,5 @@ __all__ = [
     "register_backend",
     "scaled_dot_product_attention",
     "unregister_backend",
+    "varlen_attention",
 ]

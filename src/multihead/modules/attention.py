@@ -6,6 +6,8 @@ D head_dim.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -13,6 +15,7 @@ from torch import Tensor, nn
 from ..cache import CrossKVCache, KVCache
 from ..functional import AttentionCall, check_mask, dispatch, masks
 from ..functional.masks import key_mask_to_mask
+from ..functional.varlen import VarLen, varlen_dispatch
 from ..positional import ALiBi, RotaryEmbedding
 
 
@@ -135,6 +138,7 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool = False,
         cache: KVCache | CrossKVCache | None = None,
         positions: Tensor | None = None,
+        lengths: VarLen | Sequence[int] | None = None,
     ):
         """Attend from `query` `(B, Tq, C)` to `key` `(B, Tk, kdim)` / `value` `(B, Tk, vdim)`.
 
@@ -147,9 +151,29 @@ class MultiHeadAttention(nn.Module):
         attended, causal alignment bottom-right; `key_mask` then covers this call's tokens only)
         or a `CrossKVCache` (the memory's keys/values are computed at the first call, then reused).
         `positions`: (Tq,) or (B, Tq) positions for RoPE/ALiBi; default: from the cache's length.
+        `lengths`: self-attention over packed sequences: `query` is `(N, C)`, the tokens of
+        sequences of these lengths one after another (see `functional.varlen`); each attends
+        only to itself, with no padding computed. Returns `(N, C)`.
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
+        if lengths is not None:
+            unsupported = {
+                "key": key,
+                "value": value,
+                "mask": mask,
+                "key_mask": key_mask,
+                "cache": cache,
+                "positions": positions,
+                "return_weights": return_weights or None,
+            }
+            given = [name for name, arg in unsupported.items() if arg is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} cannot be combined with lengths: packed sequences are "
+                    "self-attention in which each sequence attends to itself only"
+                )
+            return self._forward_varlen(query, VarLen.of(lengths), causal)
         if (
             key is None
             and value is None
@@ -207,6 +231,34 @@ class MultiHeadAttention(nn.Module):
             out = out[0]
             weights = None if weights is None else weights[0]
         return (out, weights) if return_weights else out
+
+    def _forward_varlen(self, query: Tensor, packed: VarLen, causal: bool | None) -> Tensor:
+        """Packed self-attention: query (N, C) -> (N, C)."""
+        if self.position is not None:
+            raise ValueError(
+                f"lengths (packed sequences) do not support {type(self.position).__name__} yet; "
+                "pass padded (B, T, C) input with key_mask"
+            )
+        if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != self.embed_dim:
+            got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
+            raise ValueError(
+                f"with lengths, query must be packed tokens (N, {self.embed_dim}), got {got}"
+            )
+        if self.kdim != self.embed_dim or self.vdim != self.embed_dim:
+            raise ValueError(
+                f"lengths need self-attention (kdim == vdim == embed_dim), this module has "
+                f"kdim={self.kdim}, vdim={self.vdim}, embed_dim={self.embed_dim}"
+            )
+        packed.check(query, "query")
+        x = query[None]  # (1, N, C): the projections see one long row of tokens
+        q, k, v = self._project(x, x, x, True)
+        # (1, heads, N, D) -> (N, heads, D): views
+        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
+        dropout = self.dropout if self.training else 0.0
+        out = varlen_dispatch(
+            q, k, v, packed, self.causal if causal is None else bool(causal), self._scale, dropout
+        )
+        return _apply_linear(self.out_proj, out.reshape(query.shape[0], self._split[0]))
 
     def _positions_and_cache(
         self,

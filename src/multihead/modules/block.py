@@ -5,16 +5,17 @@ pre-norm (GPT-2):  x = x + drop(attn(norm1(x)));  x = x + drop(ffn(norm2(x)))
 With cross-attention (a decoder layer), a third branch attends to the encoder memory between
 the two: norm_cross / cross_attn.
 
-Shapes: x (B, T, C) in and out; memory (B, S, C).
+Shapes: x (B, T, C) in and out (or packed sequences (N, C) with `lengths`); memory (B, S, C).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
 
 from ..cache import CrossKVCache, KVCache
+from ..functional.varlen import VarLen
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward, SwiGLU
 from .norm import make_norm
@@ -92,8 +93,13 @@ class TransformerBlock(nn.Module):
         cross_cache: CrossKVCache | None = None,
         positions: Tensor | None = None,
         return_weights: bool = False,
+        lengths: VarLen | Sequence[int] | None = None,
     ):
-        """x (B, T, C) -> (B, T, C) [, self-attention weights (B, H, T, Tk)]."""
+        """x (B, T, C) -> (B, T, C) [, self-attention weights (B, H, T, Tk)].
+
+        With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`."""
+        if lengths is not None and self.cross_attn is not None:
+            raise ValueError("lengths (packed sequences) do not support cross-attention blocks")
         weights = None
         h = self.norm1(x) if self.norm_first else x
         a = self.attn(
@@ -103,6 +109,7 @@ class TransformerBlock(nn.Module):
             cache=cache,
             positions=positions,
             return_weights=return_weights,
+            lengths=lengths,
         )
         if return_weights:
             a, weights = a

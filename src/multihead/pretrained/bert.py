@@ -5,6 +5,7 @@ Shapes: input_ids (B, T) -> hidden states (B, T, C); attention weights (B, H, T,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import NamedTuple
 
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.masks import from_hf_padding
+from ..functional.varlen import VarLen
 from ..modules import TransformerBlock
 from ..modules.feedforward import ACTIVATIONS
 from .keymap import Rule, convert_state_dict, pair
@@ -66,7 +68,7 @@ class BertConfig:
 
 
 class EncoderOutput(NamedTuple):
-    last_hidden_state: Tensor  # (B, T, C)
+    last_hidden_state: Tensor  # (B, T, C); packed input: (N, C)
     attentions: tuple[Tensor, ...] | None  # per layer (B, H, T, T), when asked for
 
 
@@ -80,19 +82,28 @@ class BertEmbeddings(nn.Module):
         self.norm = nn.LayerNorm(C, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        T = input_ids.shape[1]
-        if T > self.position_embeddings.num_embeddings:
-            raise ValueError(
-                f"sequence length {T} exceeds the position table "
-                f"({self.position_embeddings.num_embeddings} positions)"
-            )
-        positions = self.position_embeddings.weight[:T]  # (T, C), position i for token i
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """input_ids (B, T) -> (B, T, C); packed tokens (N,) with their `positions` -> (N, C)."""
+        table = self.position_embeddings.num_embeddings
+        if positions is None:
+            T = input_ids.shape[1]
+            if T > table:
+                raise ValueError(
+                    f"sequence length {T} exceeds the position table ({table} positions)"
+                )
+            position_states = self.position_embeddings.weight[:T]  # (T, C): position i for token i
+        else:
+            position_states = self.position_embeddings(positions)  # (N, C)
         if token_type_ids is None:
             types = self.token_type_embeddings.weight[0]  # every token of type 0
         else:
             types = self.token_type_embeddings(token_type_ids)
-        x = self.word_embeddings(input_ids) + positions + types
+        x = self.word_embeddings(input_ids) + position_states + types
         return self.dropout(self.norm(x))
 
 
@@ -124,8 +135,17 @@ class BertEncoder(nn.Module):
         token_type_ids: Tensor | None = None,
         *,
         return_weights: bool = False,
+        lengths: VarLen | Sequence[int] | None = None,
     ) -> EncoderOutput:
-        """input_ids (B, T); attention_mask (B, T) as Hugging Face's 1 = token, 0 = padding."""
+        """input_ids (B, T); attention_mask (B, T) as Hugging Face's 1 = token, 0 = padding.
+
+        Packed input, which computes nothing on padding: `input_ids` (N,) holds the tokens of
+        sequences of `lengths` one after another (no attention_mask); the states are (N, C).
+        """
+        if lengths is not None:
+            return self._forward_varlen(
+                input_ids, VarLen.of(lengths), token_type_ids, attention_mask, return_weights
+            )
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
             raise ValueError(f"input_ids must have shape (B, T), got {got}")
@@ -146,6 +166,39 @@ class BertEncoder(nn.Module):
             else:
                 x = layer(x, key_mask=key_mask)
         return EncoderOutput(x, tuple(weights) if return_weights else None)
+
+    def _forward_varlen(
+        self,
+        input_ids: Tensor,
+        packed: VarLen,
+        token_type_ids: Tensor | None,
+        attention_mask: Tensor | None,
+        return_weights: bool,
+    ) -> EncoderOutput:
+        if attention_mask is not None or return_weights:
+            raise ValueError(
+                "packed input (lengths) has no padding: attention_mask and return_weights "
+                "belong to padded (B, T) input"
+            )
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 1:
+            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
+            raise ValueError(f"with lengths, input_ids must be packed tokens (N,), got {got}")
+        packed.check(input_ids, "input_ids")
+        if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "
+                f"{tuple(input_ids.shape)}"
+            )
+        table = self.embeddings.position_embeddings.num_embeddings
+        if packed.lengths and max(packed.lengths) > table:
+            raise ValueError(
+                f"sequence length {max(packed.lengths)} exceeds the position table "
+                f"({table} positions)"
+            )
+        x = self.embeddings(input_ids, token_type_ids, packed.positions(input_ids.device))
+        for layer in self.layers:
+            x = layer(x, lengths=packed)
+        return EncoderOutput(x, None)
 
 
 # Our parameters <- Hugging Face BertModel keys (after the optional 'bert.' prefix is removed).
