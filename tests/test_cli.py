@@ -70,3 +70,13 @@ def test_similarity(capsys):
     assert main(["similarity", "A man is eating food.", "The stock market fell today."]) == 0
     far = float(capsys.readouterr().out)
     assert 0.5 < close <= 1.0 and far < close
+
+
+def test_bench_embed_small_corpus_prints_ratio_and_agreement(capsys):
+    pytest.importorskip("sentence_transformers")
+    assert main(["bench", "embed", "--sentences", "40", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "40 standard-library docstring sentences" in out
+    assert "speed-up:" in out and "within a round:" in out
+    cosine = float(out.split("min cosine ")[1].split(",")[0])
+    assert cosine >= 0.99999

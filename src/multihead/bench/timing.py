@@ -32,6 +32,19 @@ def measure(
     min_time: float = 0.02,
 ) -> dict[str, float]:
     """Median seconds per call of each contender, sampled round-robin `repeats` times."""
+    samples = measure_rounds(contenders, repeats=repeats, warmup=warmup, min_time=min_time)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def measure_rounds(
+    contenders: dict[str, Callable[[], object]],
+    *,
+    repeats: int = 7,
+    warmup: int = 2,
+    min_time: float = 0.02,
+) -> dict[str, list[float]]:
+    """Seconds per call of each contender in each of `repeats` rounds (every contender runs
+    once per round, in a random order)."""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -51,7 +64,7 @@ def measure(
             for _ in range(n):
                 fn()
             samples[name].append((time.perf_counter() - start) / n)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
 
 
 def matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
