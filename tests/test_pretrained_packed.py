@@ -44,7 +44,7 @@ def test_packed_forward_bad_input(bert):
         enc(flat, torch.ones(6), lengths=[6])
     with pytest.raises(ValueError, match=r"input_ids must be packed tokens \(N,\), got \(1, 6\)"):
         enc(flat[None], lengths=[6])
-    with pytest.raises(ValueError, match=r"input_ids has shape \(6,\).*4 packed tokens"):
+    with pytest.raises(ValueError, match=r"input_ids has shape \(6,\), but the lengths sum to 4"):
         enc(flat, lengths=[4])
     with pytest.raises(ValueError, match=r"token_type_ids \(5,\) must match input_ids \(6,\)"):
         enc(flat, token_type_ids=flat[:5], lengths=[6])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -33,14 +34,14 @@ class VarLen:
     __slots__ = ("lengths", "runs", "total")
 
     def __init__(self, lengths: Sequence[int]) -> None:
-        if isinstance(lengths, Tensor):
+        if hasattr(lengths, "tolist"):  # a tensor or a numpy array
             lengths = lengths.tolist()
         if not isinstance(lengths, Sequence) or isinstance(lengths, str):
             raise TypeError(f"lengths must be a sequence of ints, got {type(lengths).__name__}")
         for i, n in enumerate(lengths):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
                 raise ValueError(f"lengths[{i}] must be a positive int, got {n!r}")
-        self.lengths: tuple[int, ...] = tuple(lengths)
+        self.lengths: tuple[int, ...] = tuple(int(n) for n in lengths)
         runs = []
         start = 0
         for length, group in itertools.groupby(self.lengths):
@@ -82,8 +83,8 @@ class VarLen:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() == 0 or t.shape[0] != self.total:
             raise ValueError(
-                f"{name} has shape {tuple(t.shape)}: its first axis must hold the {self.total} "
-                f"packed tokens of lengths summing to {self.total}"
+                f"{name} has shape {tuple(t.shape)}, but the lengths sum to {self.total}: its "
+                f"first axis must hold the {self.total} packed tokens"
             )
 
 
