@@ -116,3 +116,16 @@ def test_encode_same_with_one_thread_and_with_workers(bert):
         with torch.no_grad():
             hidden = enc(torch.tensor([x])).last_hidden_state[0]
         np.testing.assert_allclose(sequential[i], hidden.mean(0).numpy(), atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_encode_on_cuda_matches_cpu(bert):
+    _, enc = bert
+    texts = ["the cat sat", "dog", "", "running fast on the mat ."]
+    on_cpu = enc.encode(texts)
+    enc.to("cuda")
+    try:
+        on_gpu = enc.encode(texts)
+    finally:
+        enc.to("cpu")
+    np.testing.assert_allclose(on_gpu, on_cpu, atol=1e-5)

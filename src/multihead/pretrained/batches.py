@@ -89,6 +89,9 @@ def run_batches(
             t.start()
         for t in pool:
             t.join()
+    except BaseException as e:  # Ctrl-C while waiting: the workers stop after their batch
+        errors.append(e)
+        raise
     finally:
         torch.set_num_threads(threads)
     if errors:

@@ -162,12 +162,12 @@ class SentenceEncoder(nn.Module):
         packed = VarLen([len(x) for x in ids])
         flat = torch.from_numpy(
             np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=packed.total)
-        )
+        ).to(self.model.embeddings.word_embeddings.weight.device)
         hidden = self.model(flat, lengths=packed).last_hidden_state  # (N, C)
         pooled = packed.mean(hidden)  # mean over each text's tokens, (n, C)
         if normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled.float()
+        return pooled.float().cpu()
 
     @property
     def max_position_limit(self) -> int:
