@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emb.add_argument("--model", default="all-MiniLM-L6-v2", help="model name or directory")
     emb.add_argument("--sentences", type=_positive_int, default=2000, help="corpus size")
-    emb.add_argument("--batch-size", type=_positive_int, default=32)
+    emb.add_argument(
+        "--batch-size", type=_positive_int, default=32, help="encode's batch_size, both encoders"
+    )
     emb.add_argument("--repeats", type=_positive_int, default=3, help="runs per encoder")
     emb.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
 

@@ -16,7 +16,12 @@ def add_commands(commands) -> None:
     embed.add_argument("sentences", nargs="*", help="sentences to embed (else --file or stdin)")
     embed.add_argument("-f", "--file", type=Path, help="text file, one sentence per line")
     embed.add_argument("--model", default="all-MiniLM-L6-v2", help="model name or directory")
-    embed.add_argument("--batch-size", type=int, default=32)
+    embed.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="bounds memory: a batch packs up to 64 x this many tokens (default 32)",
+    )
     embed.add_argument("--max-seq-length", type=int, default=None)
     embed.add_argument(
         "--format",
