@@ -8,7 +8,7 @@ import torch
 from multihead import MultiHeadAttention
 from multihead.functional import VarLen, varlen_attention
 from multihead.modules import TransformerBlock
-from multihead.positional import RotaryEmbedding
+from multihead.positional import ALiBi, RotaryEmbedding
 
 from reference import reference_attention
 
@@ -118,6 +118,21 @@ def test_module_packed_equals_padded_with_key_mask(kv_heads):
     torch.testing.assert_close(mha(x, lengths=VarLen(LENGTHS), causal=True), causal)
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_positions_restart_in_each_packed_sequence(position, causal):
+    torch.manual_seed(4)
+    module = RotaryEmbedding(4) if position == "rope" else ALiBi(4)
+    mha = MultiHeadAttention(16, 4, num_kv_heads=2, position=module, dtype=torch.float64)
+    x = torch.randn(sum(LENGTHS), 16, dtype=torch.float64)
+    padded, key_mask = pad(x, LENGTHS)  # right padding: each row starts at position 0 too
+    ref = mha(padded, key_mask=key_mask, causal=causal)[key_mask]
+    torch.testing.assert_close(mha(x, lengths=LENGTHS, causal=causal), ref)
+    # and each sequence alone, unbatched
+    alone = torch.cat([mha(chunk, causal=causal) for chunk in x.split(LENGTHS)])
+    torch.testing.assert_close(mha(x, lengths=LENGTHS, causal=causal), alone)
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_block_packed_equals_padded(norm_first):
     torch.manual_seed(3)
@@ -142,9 +157,6 @@ def test_module_packed_bad_input():
         mha(x[None], lengths=[6])
     with pytest.raises(ValueError, match=r"query has shape \(6, 16\), but the lengths sum to 5"):
         mha(x, lengths=[2, 3])
-    rope = MultiHeadAttention(16, 4, position=RotaryEmbedding(4))
-    with pytest.raises(ValueError, match="do not support RotaryEmbedding"):
-        rope(x, lengths=[6])
     cross = TransformerBlock(16, 4, 32, cross_attention=True)
     with pytest.raises(ValueError, match="do not support cross-attention"):
         cross(x, lengths=[6])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -150,14 +150,18 @@ def varlen_dispatch(
     scale: float,
     dropout_p: float,
     backend: str = "auto",
+    *,
+    bias: Callable[[int], Tensor] | None = None,
 ) -> Tensor:
-    """`varlen_attention` on inputs already checked (modules call this): one dispatch per run."""
+    """`varlen_attention` on inputs already checked (modules call this): one dispatch per run.
+    `bias(L)`: an additive bias broadcastable to `(n, H, L, L)` for a run of length L (ALiBi)."""
     outs = []
     for start, n, length in packed.runs:
         rows = slice(start, start + n * length)
         # (n * L, heads, D) -> (n, L, heads, D) -> (n, heads, L, D): views, no copy
         q_run, k_run, v_run = (t[rows].unflatten(0, (n, length)).transpose(1, 2) for t in (q, k, v))
-        call = AttentionCall(q_run, k_run, v_run, None, None, causal, scale, dropout_p, False)
+        run_bias = None if bias is None else bias(length)
+        call = AttentionCall(q_run, k_run, v_run, None, run_bias, causal, scale, dropout_p, False)
         out, _ = dispatch(call, backend)
         # (n, H, L, Dv) -> (n * L, H, Dv): free when the kernel wrote (n, L, H, Dv), as SDPA does
         outs.append(out.transpose(1, 2).reshape(n * length, out.shape[1], out.shape[3]))

@@ -153,7 +153,8 @@ class MultiHeadAttention(nn.Module):
         `positions`: (Tq,) or (B, Tq) positions for RoPE/ALiBi; default: from the cache's length.
         `lengths`: self-attention over packed sequences: `query` is `(N, C)`, the tokens of
         sequences of these lengths one after another (see `functional.varlen`); each attends
-        only to itself, with no padding computed. Returns `(N, C)`.
+        only to itself, with no padding computed, and RoPE/ALiBi positions restart at 0 in
+        each. Returns `(N, C)`.
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
@@ -233,12 +234,8 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if return_weights else out
 
     def _forward_varlen(self, query: Tensor, packed: VarLen, causal: bool | None) -> Tensor:
-        """Packed self-attention: query (N, C) -> (N, C)."""
-        if self.position is not None:
-            raise ValueError(
-                f"lengths (packed sequences) do not support {type(self.position).__name__} yet; "
-                "pass padded (B, T, C) input with key_mask"
-            )
+        """Packed self-attention: query (N, C) -> (N, C). Positions restart at 0 in each
+        sequence (RoPE rotates by them; ALiBi biases each run by its own distances)."""
         if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != self.embed_dim:
             got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
             raise ValueError(
@@ -251,12 +248,28 @@ class MultiHeadAttention(nn.Module):
             )
         packed.check(query, "query")
         x = query[None]  # (1, N, C): the projections see one long row of tokens
-        q, k, v = self._project(x, x, x, True)
+        q, k, v = self._project(x, x, x, True)  # (1, heads, N, D)
+        bias = None
+        if isinstance(self.position, RotaryEmbedding):
+            q, k = self.position(q, k, packed.positions(query.device))
+        elif isinstance(self.position, ALiBi):
+            alibi = self.position
+
+            def bias(length: int) -> Tensor:  # (1, H, L, L) for one run
+                return alibi.bias(length, length, device=query.device).to(query.dtype)
+
         # (1, heads, N, D) -> (N, heads, D): views
         q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
         dropout = self.dropout if self.training else 0.0
         out = varlen_dispatch(
-            q, k, v, packed, self.causal if causal is None else bool(causal), self._scale, dropout
+            q,
+            k,
+            v,
+            packed,
+            self.causal if causal is None else bool(causal),
+            self._scale,
+            dropout,
+            bias=bias,
         )
         return _apply_linear(self.out_proj, out.reshape(query.shape[0], self._split[0]))
 
