@@ -20,7 +20,7 @@ def add_commands(commands) -> None:
         "--batch-size",
         type=int,
         default=32,
-        help="bounds memory: a batch packs up to 64 x this many tokens (default 32)",
+        help="encode's batch_size: bounds memory, as in sentence-transformers (default 32)",
     )
     embed.add_argument("--max-seq-length", type=int, default=None)
     embed.add_argument(

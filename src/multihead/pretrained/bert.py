@@ -86,19 +86,19 @@ class BertEmbeddings(nn.Module):
         self,
         input_ids: Tensor,
         token_type_ids: Tensor | None = None,
-        positions: Tensor | None = None,
+        packed: VarLen | None = None,
     ) -> Tensor:
-        """input_ids (B, T) -> (B, T, C); packed tokens (N,) with their `positions` -> (N, C)."""
+        """input_ids (B, T) -> (B, T, C); the packed tokens (N,) of sequences `packed` -> (N, C)."""
+        longest = input_ids.shape[1] if packed is None else max(packed.lengths, default=0)
         table = self.position_embeddings.num_embeddings
-        if positions is None:
-            T = input_ids.shape[1]
-            if T > table:
-                raise ValueError(
-                    f"sequence length {T} exceeds the position table ({table} positions)"
-                )
-            position_states = self.position_embeddings.weight[:T]  # (T, C): position i for token i
-        else:
-            position_states = self.position_embeddings(positions)  # (N, C)
+        if longest > table:
+            raise ValueError(
+                f"sequence length {longest} exceeds the position table ({table} positions)"
+            )
+        if packed is None:
+            position_states = self.position_embeddings.weight[:longest]  # (T, C): i for token i
+        else:  # (N, C): positions restart at 0 in each sequence
+            position_states = self.position_embeddings(packed.positions(input_ids.device))
         if token_type_ids is None:
             types = self.token_type_embeddings.weight[0]  # every token of type 0
         else:
@@ -189,13 +189,7 @@ class BertEncoder(nn.Module):
                 f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "
                 f"{tuple(input_ids.shape)}"
             )
-        table = self.embeddings.position_embeddings.num_embeddings
-        if packed.lengths and max(packed.lengths) > table:
-            raise ValueError(
-                f"sequence length {max(packed.lengths)} exceeds the position table "
-                f"({table} positions)"
-            )
-        x = self.embeddings(input_ids, token_type_ids, packed.positions(input_ids.device))
+        x = self.embeddings(input_ids, token_type_ids, packed)
         for layer in self.layers:
             x = layer(x, lengths=packed)
         return EncoderOutput(x, None)

@@ -21,12 +21,8 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from ..functional.varlen import VarLen
-from .batches import run_batches, token_batches
+from .batches import TOKENS_PER_TEXT, run_batches, token_batches
 from .bert import BertEncoder, EncoderOutput
-
-# A batch of `encode(batch_size=b)` holds up to b * TOKENS_PER_TEXT tokens (at least one text):
-# 2,048 by default, where the BERT matmuls measured fastest on CPU (from 64 to 8,192 rows).
-TOKENS_PER_TEXT = 64
 
 
 class SentenceEncoder(nn.Module):
@@ -53,6 +49,11 @@ class SentenceEncoder(nn.Module):
     @property
     def dim(self) -> int:
         return self.model.config.hidden_size
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (inputs go there; embeddings come back to CPU)."""
+        return self.model.embeddings.word_embeddings.weight.device
 
     def forward(
         self,
@@ -145,14 +146,13 @@ class SentenceEncoder(nn.Module):
             def work(rows: list[int]) -> None:
                 out[torch.tensor(rows)] = self._embed([ids[i] for i in rows], normalize)
 
-            device = self.model.embeddings.word_embeddings.weight.device
             if show_progress_bar:
                 from tqdm.auto import tqdm
 
                 with tqdm(total=len(batches), desc="Batches", unit="batch") as bar:
-                    run_batches(work, batches, device=device, progress=bar.update)
+                    run_batches(work, batches, device=self.device, progress=bar.update)
             else:
-                run_batches(work, batches, device=device)
+                run_batches(work, batches, device=self.device)
         if single:
             out = out[0]
         return out if convert_to_tensor else out.numpy()
@@ -162,7 +162,7 @@ class SentenceEncoder(nn.Module):
         packed = VarLen([len(x) for x in ids])
         flat = torch.from_numpy(
             np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=packed.total)
-        ).to(self.model.embeddings.word_embeddings.weight.device)
+        ).to(self.device)
         hidden = self.model(flat, lengths=packed).last_hidden_state  # (N, C)
         pooled = packed.mean(hidden)  # mean over each text's tokens, (n, C)
         if normalize:
