@@ -44,7 +44,8 @@ class TransformerBlock(nn.Module):
         dtype=None,
     ) -> None:
         """`mlp`: "gelu" (Linear-GELU-Linear; `activation` names another pointwise function, as
-        Hugging Face's hidden_act) or "swiglu". `norm`: "layernorm" or "rmsnorm"."""
+        Hugging Face's hidden_act), "swiglu", or "none" (an attention-only block: no MLP branch,
+        as in the small models of Elhage et al. 2021). `norm`: "layernorm" or "rmsnorm"."""
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.norm_first = norm_first
@@ -70,15 +71,18 @@ class TransformerBlock(nn.Module):
                 **factory,
             )
             self.norm_cross = make_norm(norm, dim, norm_eps, **factory)
+        self.ffn: nn.Module | None
         if mlp == "swiglu":
-            self.ffn: nn.Module = SwiGLU(dim, ffn_dim, bias=bias, **factory)
+            self.ffn = SwiGLU(dim, ffn_dim, bias=bias, **factory)
         elif mlp == "gelu":
             self.ffn = FeedForward(
                 dim, ffn_dim, activation_name=activation or "gelu", bias=bias, **factory
             )
+        elif mlp == "none":
+            self.ffn = None
         else:
-            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu' or 'swiglu'")
-        self.norm2 = make_norm(norm, dim, norm_eps, **factory)
+            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu' or 'none'")
+        self.norm2 = make_norm(norm, dim, norm_eps, **factory) if self.ffn is not None else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -125,10 +129,11 @@ class TransformerBlock(nn.Module):
                 if self.norm_first
                 else self.norm_cross(_residual(self.dropout(c), x))
             )
-        if self.norm_first:
-            x = x + self.dropout(self.ffn(self.norm2(x)))
-        else:
-            x = self.norm2(_residual(self.dropout(self.ffn(x)), x))
+        if self.ffn is not None and self.norm2 is not None:
+            if self.norm_first:
+                x = x + self.dropout(self.ffn(self.norm2(x)))
+            else:
+                x = self.norm2(_residual(self.dropout(self.ffn(x)), x))
         return (x, weights) if return_weights else x
 
 
@@ -144,8 +149,8 @@ def make_blocks(
 ) -> nn.ModuleList:
     """`config.num_layers` TransformerBlocks from a model config (StackConfig, LMConfig): the
     fields dim, num_heads, ffn_dim (None: 4 * dim), num_kv_heads, norm, norm_eps, mlp,
-    activation, bias, dropout, and norm_first unless given. `position` makes each layer's
-    position module (RoPE/ALiBi)."""
+    activation, bias, dropout, and norm_first unless given; `attention_only` (if the config
+    has it) drops the MLP. `position` makes each layer's position module (RoPE/ALiBi)."""
     return nn.ModuleList(
         TransformerBlock(
             config.dim,
@@ -155,7 +160,7 @@ def make_blocks(
             norm_first=config.norm_first if norm_first is None else norm_first,
             norm=config.norm,
             norm_eps=config.norm_eps,
-            mlp=config.mlp,
+            mlp="none" if getattr(config, "attention_only", False) else config.mlp,
             activation=config.activation,
             bias=config.bias,
             dropout=config.dropout,

@@ -15,6 +15,7 @@ from ..cache import KVCache
 from ..positional import ALiBi, LearnedPositions, RotaryEmbedding
 from .attention import MultiHeadAttention
 from .block import TransformerBlock, make_blocks
+from .init import init_weights
 from .norm import make_norm
 from .sampling import check_sampling, sample
 
@@ -36,10 +37,13 @@ class LMConfig:
     bias: bool = True
     dropout: float = 0.0
     tie_embeddings: bool = True
+    attention_only: bool = False  # blocks without an MLP (mlp is then ignored)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, config: LMConfig, device=None, dtype=None) -> None:
+    def __init__(self, config: LMConfig, device=None, dtype=None, *, init: bool = True) -> None:
+        """`init=False` skips `init_weights` (GPT-2's scheme, see modules/init.py): for
+        loaders that overwrite every weight from a checkpoint."""
         super().__init__()
         if config.position not in ("learned", "rope", "alibi"):
             raise ValueError(f"unknown position {config.position!r}: learned, rope or alibi")
@@ -66,6 +70,8 @@ class CausalLM(nn.Module):
         self.head = nn.Linear(C, config.vocab_size, bias=False, **factory)
         if config.tie_embeddings:
             self.head.weight = self.tok.weight
+        if init:
+            init_weights(self)
         self._column_major_weights()
 
     def _column_major_weights(self) -> None:

@@ -12,6 +12,7 @@ from ..cache import CrossKVCache, KVCache
 from ..positional import SinusoidalPositions
 from .attention import MultiHeadAttention
 from .block import make_blocks
+from .init import init_weights
 from .norm import make_norm
 
 
@@ -32,7 +33,8 @@ class StackConfig:
 
 
 class Encoder(nn.Module):
-    def __init__(self, config: StackConfig) -> None:
+    def __init__(self, config: StackConfig, *, init: bool = True) -> None:
+        """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
         super().__init__()
         self.config = config
         self.layers = make_blocks(config, causal=False)
@@ -41,6 +43,8 @@ class Encoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
+        if init:
+            init_weights(self)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
@@ -51,7 +55,8 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Causal self-attention, cross-attention to the memory, MLP; caches for decoding."""
 
-    def __init__(self, config: StackConfig) -> None:
+    def __init__(self, config: StackConfig, *, init: bool = True) -> None:
+        """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
         super().__init__()
         self.config = config
         self.layers = make_blocks(config, causal=True, cross_attention=True)
@@ -60,6 +65,8 @@ class Decoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
+        if init:
+            init_weights(self)
 
     def forward(
         self,
@@ -86,15 +93,21 @@ class Decoder(nn.Module):
 class EncoderDecoder(nn.Module):
     """Token embeddings + sinusoidal positions, an Encoder, a Decoder and a tied output head."""
 
-    def __init__(self, vocab_size: int, encoder: StackConfig, decoder: StackConfig) -> None:
+    def __init__(
+        self, vocab_size: int, encoder: StackConfig, decoder: StackConfig, *, init: bool = True
+    ) -> None:
+        """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
         super().__init__()
         if encoder.dim != decoder.dim:
             raise ValueError(f"encoder dim {encoder.dim} != decoder dim {decoder.dim}")
         self.embed = nn.Embedding(vocab_size, encoder.dim)
         self.positions = SinusoidalPositions(encoder.dim)
-        self.encoder, self.decoder = Encoder(encoder), Decoder(decoder)
+        self.encoder = Encoder(encoder, init=False)
+        self.decoder = Decoder(decoder, init=False)
         self.head = nn.Linear(decoder.dim, vocab_size, bias=False)
         self.head.weight = self.embed.weight
+        if init:
+            init_weights(self)
 
     def _embed(self, ids: Tensor, start: int = 0) -> Tensor:
         return self.embed(ids) + self.positions(

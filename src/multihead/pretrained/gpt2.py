@@ -83,6 +83,7 @@ def load_causal_lm(path: str | Path) -> CausalLM:
         raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} lacks config.json")
-    model = CausalLM(gpt2_config(read_json(model_dir / "config.json")))
+    # init=False: every weight comes from the checkpoint, so initialising them is wasted work.
+    model = CausalLM(gpt2_config(read_json(model_dir / "config.json")), init=False)
     load_gpt2_weights(model, read_weights(model_dir))
     return model.eval()
