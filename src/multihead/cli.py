@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__, cli_embed, cli_inspect
+from .train import command as train_command
 
 
 def _positive_int(text: str) -> int:
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_inspect.add_commands(commands)
     cli_embed.add_commands(commands)
+    train_command.add_commands(commands)
     return parser
 
 
@@ -101,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_embed.run_embed(args)
     if args.command == "similarity":
         return cli_embed.run_similarity(args)
+    if args.command == "train":
+        try:
+            return train_command.run(args)
+        except ValueError as e:
+            print(f"multihead: error: {e}", file=sys.stderr)
+            return 2
     return 0
 
 
