@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..table import format_table
+from .phase import INDUCTION_THRESHOLD
 
 
 def add_commands(subparsers) -> None:
@@ -50,13 +51,15 @@ def add_commands(subparsers) -> None:
 
 def _common(parser: argparse.ArgumentParser, out: str) -> None:
     parser.add_argument("--out", type=Path, default=Path(out), help=f"output directory ({out})")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    # One thread by default: at these sizes (64-wide, 32 tokens) a second intra-op thread buys
+    # little, and on a busy machine its spin-waits made steps 20-40x slower (measured).
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _prepare(args) -> Path:
     """Check what can be checked before minutes of training: flags, matplotlib, --out."""
-    if args.threads is not None and args.threads < 1:
+    if args.threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     from .plots import require_matplotlib
 
@@ -102,11 +105,14 @@ def run(args) -> int:
     else:
         config = ReverseConfig(**_options(args, ("steps", "seed", "eval_every")))
     out = _prepare(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if isinstance(config, InductionConfig):
-        return _run_induction(config, out, args)
-    return _run_reverse(config, out, args)
+    before = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        if isinstance(config, InductionConfig):
+            return _run_induction(config, out, args)
+        return _run_reverse(config, out, args)
+    finally:  # the caller's process (a test, a notebook) keeps its own setting
+        torch.set_num_threads(before)
 
 
 def _run_induction(config, out: Path, args) -> int:
@@ -136,12 +142,19 @@ def _induction_text(s: dict) -> str:
         f"{s['loss_second_copy']:.2f} nats (first copy, unpredictable: "
         f"{s['loss_first_copy']:.2f})",
     ]
-    if s["circuit_formed"]:
+    best = max(h["induction"] for h in s["heads"])
+    if s["circuit_formed"] and not s["induction_head_formed"]:
+        lines.append(
+            f"the repeated copy is learned (steepest gain at step {s['phase_change_step']}), but "
+            f"no head reaches an induction score of {INDUCTION_THRESHOLD} (best {best:.2f}): "
+            "the model copies some other way; try more --steps"
+        )
+    elif s["circuit_formed"]:
         verdict = "coincides with" if s["phase_change_coincides"] else "does NOT coincide with"
         lines.append(
             f"phase change at step {s['phase_change_step']}: {verdict} the steepest rise of the "
             f"best induction score (step {s['induction_rise_step']}, tolerance "
-            f"{s['phase_change_tolerance']} steps)"
+            f"{s['phase_change_tolerance']} steps; best score now {best:.2f})"
         )
     else:
         lines.append(

@@ -34,6 +34,8 @@ class InductionConfig:
     vocab_size: int = 32
     context: int = 32
     bos: bool = True
+    segment: tuple[int, int] = (6, 12)  # lengths of the repeated segment (inclusive)
+    gap: tuple[int, int] = (0, 4)  # random tokens between the copies (inclusive)
     dim: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -64,7 +66,13 @@ class InductionConfig:
                 )
 
     def task(self) -> RepeatTask:
-        return RepeatTask(vocab_size=self.vocab_size, context=self.context, bos=self.bos)
+        return RepeatTask(
+            vocab_size=self.vocab_size,
+            context=self.context,
+            segment=self.segment,
+            gap=self.gap,
+            bos=self.bos,
+        )
 
     def model_config(self) -> LMConfig:
         return LMConfig(

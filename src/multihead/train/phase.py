@@ -5,8 +5,11 @@ copy's*: the in-context gain, loss(first copy) - loss(repeated copy), rises fast
 al.'s in-context learning score). Early in training both losses fall together as the model
 learns token frequencies; the gain ignores that. It *coincides* with the rise of the induction
 scores when the best head's induction score ends at or above the induction role's threshold
-and rises fastest within `tolerance` steps of it. Curves are smoothed by a centred moving
-average of `window` points first, so one noisy evaluation does not make a phase change.
+and rises fastest within `tolerance` steps of it. A centred moving average of `window` points
+can smooth the curves first; by default (window 1) they are not smoothed: the held-out curves
+are averages over hundreds of sequences, and smoothing spreads a jump between two evaluations
+into a run of near-equal slopes whose argmax is arbitrary (measured: it moved one RoPE run's
+phase change 200 steps away from its induction rise).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def smooth(values: Sequence[float], window: int = 3) -> list[float]:
 
 
 def steepest_change(
-    steps: Sequence[int], values: Sequence[float], *, falling: bool, window: int = 3
+    steps: Sequence[int], values: Sequence[float], *, falling: bool, window: int = 1
 ) -> int | None:
     """The step (midpoint of two evaluations) where the smoothed curve falls (or rises) fastest
     per step; None with fewer than two points."""
@@ -61,6 +64,7 @@ INDUCTION_THRESHOLD = next(r.threshold for r in RULES if r.role == "induction")
 class PhaseChange:
     formed: bool  # final repeated-copy loss <= FORMED_RATIO x the first copy's
     step: int | None  # steepest rise of the in-context gain (None when not formed)
+    raw_fall_step: int | None  # steepest fall of the repeated-copy loss itself
     induction_formed: bool  # the best head's final induction score >= INDUCTION_THRESHOLD
     induction_step: int | None  # steepest rise of the best head's induction score
     coincides: bool  # both formed and the two steps lie within `tolerance`
@@ -74,7 +78,7 @@ def detect(
     best_induction: Sequence[float],
     *,
     tolerance: int,
-    window: int = 3,
+    window: int = 1,
 ) -> PhaseChange:
     """The phase change from curves evaluated at `steps`. `best_induction` is, at each step,
     the largest induction score over heads."""
@@ -85,9 +89,10 @@ def detect(
     formed = loss_second[-1] <= FORMED_RATIO * loss_first[-1]
     gain = [f - s for f, s in zip(loss_first, loss_second, strict=True)]
     step = steepest_change(steps, gain, falling=False, window=window) if formed else None
+    raw = steepest_change(steps, loss_second, falling=True, window=window)
     induction_formed = best_induction[-1] >= INDUCTION_THRESHOLD
     rise = steepest_change(steps, best_induction, falling=False, window=window)
     coincides = (
         step is not None and induction_formed and rise is not None and abs(step - rise) <= tolerance
     )
-    return PhaseChange(formed, step, induction_formed, rise, coincides, tolerance)
+    return PhaseChange(formed, step, raw, induction_formed, rise, coincides, tolerance)

@@ -80,8 +80,10 @@ def induction_png(run: InductionRun, path: str | Path) -> None:
     abl_ax.bar(x + 0.2, [a.mean for a in run.ablation], width=0.4, label="mean-ablated")
     abl_ax.axhline(run.final.loss_second, color="0.3", linestyle="--", label="no ablation")
     abl_ax.set_xticks(x, labels, fontsize=7)
+    top = max(max(a.zero, a.mean) for a in run.ablation)
     abl_ax.set(ylabel="repeated-copy loss", title="repeated-copy loss without each head")
-    abl_ax.legend(fontsize=8)
+    abl_ax.set_ylim(0, 1.3 * top)  # room for the legend above the bars
+    abl_ax.legend(fontsize=8, loc="upper center", ncol=3)
     fig.suptitle(
         f"induction heads: {run.config.position} positions, seed {run.config.seed}", fontsize=11
     )

@@ -53,6 +53,9 @@ def induction_summary(run: InductionRun) -> dict[str, Any]:
         "config": asdict(run.config),
         "circuit_formed": run.phase.formed,
         "phase_change_step": run.phase.step,
+        # the repeated-copy loss's own steepest fall (early on, often the drop from the initial
+        # loss that both copies share; the phase change above is measured against the first copy)
+        "repeated_loss_steepest_fall_step": run.phase.raw_fall_step,
         "induction_head_formed": run.phase.induction_formed,
         "induction_rise_step": run.phase.induction_step,
         "phase_change_coincides": run.phase.coincides,
