@@ -160,7 +160,8 @@ def _induction_text(s: dict) -> str:
         lines.append(
             f"NO phase change: the induction circuit did not form within {c['steps']} steps "
             f"with {c['position']} positions (the repeated copy is not predicted better than "
-            "half the first copy's loss); try more --steps"
+            "half the first copy's loss); more --steps may help (learned positions: see "
+            "docs/training.md)"
         )
     ablation = {(a["layer"], a["head"]): a for a in s["ablation"]}
     rows = []

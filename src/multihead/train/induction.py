@@ -142,9 +142,11 @@ def train_induction(
             history.add(step, scores)
             if bar is not None:
                 bar.set_postfix(  # type: ignore[attr-defined]
-                    first=f"{scores.loss_first:.2f}",
-                    repeat=f"{scores.loss_second:.2f}",
-                    induction=f"{float(scores.induction.max()):.2f}",
+                    {  # in this order (keyword arguments would be sorted)
+                        "loss first": f"{scores.loss_first:.2f}",
+                        "repeat": f"{scores.loss_second:.2f}",
+                        "best induction": f"{float(scores.induction.max()):.2f}",
+                    },
                     refresh=False,
                 )
         if step == config.steps:

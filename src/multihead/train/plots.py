@@ -90,13 +90,15 @@ def induction_png(run: InductionRun, path: str | Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def reverse_png(run: ReverseRun, path: str | Path, *, example: int = 0) -> None:
-    """The best cross-attention head's weights on one held-out example beside the true
-    alignment (the anti-diagonal), tokens on the axes."""
+def reverse_png(run: ReverseRun, path: str | Path, *, example: int | None = None) -> None:
+    """The best cross-attention head's weights on one held-out example (default: the first of
+    the longest) beside the true alignment (the anti-diagonal), tokens on the axes."""
     from .reverse import cross_attention
 
     batch = run.held_out
     assert batch is not None
+    if example is None:
+        example = int(batch.lengths.argmax())  # argmax returns the first maximum
     alignment = run.final.alignment
     layer, head = divmod(int(alignment.argmax()), alignment.shape[1])
     n = int(batch.lengths[example])

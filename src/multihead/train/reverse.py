@@ -162,9 +162,11 @@ def train_reverse(
             run.scores.append(scores)
             if bar is not None:
                 bar.set_postfix(  # type: ignore[attr-defined]
-                    loss=f"{scores.loss:.2f}",
-                    accuracy=f"{scores.accuracy:.2f}",
-                    alignment=f"{float(scores.alignment.max()):.2f}",
+                    {  # in this order (keyword arguments would be sorted)
+                        "loss": f"{scores.loss:.2f}",
+                        "accuracy": f"{scores.accuracy:.2f}",
+                        "best alignment": f"{float(scores.alignment.max()):.2f}",
+                    },
                     refresh=False,
                 )
         if step == config.steps:
