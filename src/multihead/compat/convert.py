@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..modules import MultiHeadAttention
+from .encoder_layer import keep_attention_running
 from .multihead_attention import MultiheadAttention
 
 
@@ -139,7 +140,9 @@ def from_modern(module: MultiHeadAttention, *, batch_first: bool = True) -> Mult
 def replace_attention(model: nn.Module) -> nn.Module:
     """Swap every torch.nn.MultiheadAttention inside `model` for the drop-in, in place.
 
-    Weights, device, dtype and mode carry over, so the model's outputs are unchanged. Returns
+    Weights, device, dtype and mode carry over, so the model's outputs are unchanged. torch's
+    encoder layers and encoders are switched (in place) to always call their attention module:
+    their fused eval fast path would bypass the drop-in (see `encoder_layer`). Returns
     `model` (or, when `model` itself is a torch.nn.MultiheadAttention, its drop-in).
     """
     if type(model) is nn.MultiheadAttention:
@@ -148,4 +151,5 @@ def replace_attention(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if type(child) is nn.MultiheadAttention:
                 setattr(parent, name, from_torch(child))
+    keep_attention_running(model)
     return model

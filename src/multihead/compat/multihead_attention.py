@@ -14,7 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import AttentionCall, dispatch, masks
+from ..functional import masks
+from ..functional.call import make_call
+from ..hook_points import ModuleHooks, hooks_for
+from ..modules.attend import ATTENTION_HOOK_POINTS, attend, head_results
+from ..modules.projections import PackedWeights, project_packed
 from .checks import check_forward
 
 
@@ -30,7 +34,12 @@ class MultiheadAttention(nn.MultiheadAttention):
       fused projection, torch's fused SDPA kernel and the output projection, in any layout;
     - bad input raises ValueError/TypeError naming the argument (torch raises AssertionError or
       RuntimeError); `dropout` must lie in [0, 1).
+
+    It has MultiHeadAttention's hook points (hook_q, hook_k, hook_v, hook_attn_scores,
+    hook_pattern, hook_z, hook_result), so `multihead.interpret` sees inside converted models.
     """
+
+    hook_points = ATTENTION_HOOK_POINTS
 
     def __init__(
         self,
@@ -106,6 +115,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
+        hooks = hooks_for(self)
         if (
             not need_weights
             and key_padding_mask is None
@@ -119,6 +129,7 @@ class MultiheadAttention(nn.MultiheadAttention):
             and self._qkv_same_embed_dim
             and self.bias_k is None
             and not self.add_zero_attn
+            and hooks is None
         ):
             return self._plain_self_attention(query), None
         batched = check_forward(self, query, key, value, key_padding_mask, attn_mask, is_causal)
@@ -132,20 +143,25 @@ class MultiheadAttention(nn.MultiheadAttention):
         L = query.shape[1] if batch_first else query.shape[0]
 
         q, k, v = self._project(query, key, value, self_attention, batch_first)
+        if hooks is not None:
+            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
         k, v, extra = self._append_extra_keys(k, v)
         mask, bias, causal = self._masks(
             key_padding_mask, attn_mask, is_causal, need_weights, B, L, k.shape[2], extra
         )
-        # q, k, v and the masks were shaped here from checked inputs: a trusted call.
-        dropout_p = self.dropout if self.training else 0.0
-        call = AttentionCall(
-            q, k, v, mask, bias, causal, self.head_dim**-0.5, dropout_p, need_weights
+        call = make_call(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=bool(need_weights),
+            qkv_checked=True,  # shaped here from checked inputs
         )
-        out, weights = dispatch(call)
-
-        out = F.linear(
-            self._merge_heads(out, batch_first), self.out_proj.weight, self.out_proj.bias
-        )
+        out, weights = attend(call, hooks)
+        out = self._output(out, batch_first, hooks)
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # (B, H, L, S) -> (B, L, S)
         if not batched:
@@ -157,17 +173,27 @@ class MultiheadAttention(nn.MultiheadAttention):
         """The call TransformerEncoderLayer makes (batched self-attention, no mask, no weights)
         with the least Python per call: at small shapes that overhead is most of the time."""
         q, k, v = self._project(x, x, x, True, self.batch_first)
-        dropout_p = self.dropout if self.training else 0.0
-        call = AttentionCall(q, k, v, None, None, False, self.head_dim**-0.5, dropout_p, False)
-        out = self._merge_heads(dispatch(call)[0], self.batch_first)
-        return F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        call = make_call(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, qkv_checked=True
+        )
+        out, _ = attend(call, None)
+        return self._output(out, self.batch_first, None)
 
-    def _merge_heads(self, out: Tensor, batch_first: bool) -> Tensor:
-        """(B, H, T, D) -> (B, T, E) or (T, B, E)."""
+    def _output(self, out: Tensor, batch_first: bool, hooks: ModuleHooks | None) -> Tensor:
+        """out (B, H, T, D) -> (B, T, E) or (T, B, E) through the output projection."""
+        weight, bias = self.out_proj.weight, self.out_proj.bias
+        if hooks is not None:
+            out = hooks.heads("hook_z", out)
+            if "hook_result" in hooks:
+                projected = head_results(out, weight, bias, hooks)  # (B, T, E) or None
+                if projected is not None:
+                    return projected if batch_first else projected.transpose(0, 1)
         B, _, T, _ = out.shape
-        if batch_first:
-            return out.transpose(1, 2).reshape(B, T, self.embed_dim)
-        return out.permute(2, 0, 1, 3).reshape(T, B, self.embed_dim)
+        if batch_first:  # (B, H, T, D) -> (B, T, E)
+            merged = out.transpose(1, 2).reshape(B, T, self.embed_dim)
+        else:  # (B, H, T, D) -> (T, B, E)
+            merged = out.permute(2, 0, 1, 3).reshape(T, B, self.embed_dim)
+        return F.linear(merged, weight, bias)
 
     def _heads(self, x: Tensor, batch_first: bool) -> Tensor:
         """(B, T, E) or (T, B, E) -> (B, H, T, D), a view."""
@@ -182,30 +208,16 @@ class MultiheadAttention(nn.MultiheadAttention):
         self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, batch_first: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Inputs -> q, k, v as (B, H, T, D) views of the projections."""
-        E, H, D = self.embed_dim, self.num_heads, self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias
-        if self_attention and self._qkv_same_embed_dim:
-            qkv = F.linear(query, w, b)  # one fused matmul: (B, T, 3E) or (T, B, 3E)
-            if batch_first:
-                B, T, _ = qkv.shape
-                # (B, T, 3E) -> (3, B, H, T, D): one view, one permute, no copy
-                q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
-            else:
-                T, B, _ = qkv.shape
-                # (T, B, 3E) -> (3, B, H, T, D)
-                q, k, v = qkv.view(T, B, 3, H, D).permute(2, 1, 3, 0, 4).unbind(0)
-            return q, k, v
-        bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
-        if not self._qkv_same_embed_dim:
+        E = self.embed_dim
+        if self._qkv_same_embed_dim:
+            packed = PackedWeights(w, b, lambda x: F.linear(x, w, b))
+            q, k, v = project_packed(packed, (E, E, E), query, key, value, self_attention)
+        else:
+            bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
             q = F.linear(query, self.q_proj_weight, bq)
             k = F.linear(key, self.k_proj_weight, bk)
             v = F.linear(value, self.v_proj_weight, bv)
-        else:
-            q = F.linear(query, w[:E], bq)
-            if key is value:  # k and v rows are adjacent in the packed weight: one matmul
-                k, v = F.linear(key, w[E:], None if b is None else b[E:]).chunk(2, dim=-1)
-            else:
-                k, v = F.linear(key, w[E : 2 * E], bk), F.linear(value, w[2 * E :], bv)
         return self._heads(q, batch_first), self._heads(k, batch_first), self._heads(v, batch_first)
 
     def _append_extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int]:

@@ -6,6 +6,11 @@ With cross-attention (a decoder layer), a third branch attends to the encoder me
 the two: norm_cross / cross_attn.
 
 Shapes: x (B, T, C) in and out (or packed sequences (N, C) with `lengths`); memory (B, S, C).
+
+Hook points: hook_resid_pre (what the block receives), hook_attn_out (the attention branch's
+output, after dropout), hook_resid_mid (the stream between attention and MLP: after norm1 in a
+post-norm block), hook_cross_attn_out and hook_resid_mid_cross (decoder blocks), hook_mlp_out,
+hook_resid_post (what the next block receives: after norm2 in a post-norm block).
 """
 
 from __future__ import annotations
@@ -16,12 +21,25 @@ from torch import Tensor, nn
 
 from ..cache import CrossKVCache, KVCache
 from ..functional.varlen import VarLen
+from ..hook_points import ModuleHooks, hooks_for
+from ..positional.scheme import PositionScheme
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward, SwiGLU
 from .norm import make_norm
 
+BLOCK_HOOK_POINTS = (
+    "hook_resid_pre",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_out",
+    "hook_resid_post",
+)
+CROSS_HOOK_POINTS = ("hook_cross_attn_out", "hook_resid_mid_cross")
+
 
 class TransformerBlock(nn.Module):
+    hook_points: tuple[str, ...] = BLOCK_HOOK_POINTS
+
     def __init__(
         self,
         dim: int,
@@ -39,7 +57,7 @@ class TransformerBlock(nn.Module):
         attn_dropout: float = 0.0,
         causal: bool = False,
         cross_attention: bool = False,
-        position: nn.Module | None = None,
+        position: PositionScheme | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -70,6 +88,7 @@ class TransformerBlock(nn.Module):
                 **factory,
             )
             self.norm_cross = make_norm(norm, dim, norm_eps, **factory)
+            self.hook_points = BLOCK_HOOK_POINTS + CROSS_HOOK_POINTS
         if mlp == "swiglu":
             self.ffn: nn.Module = SwiGLU(dim, ffn_dim, bias=bias, **factory)
         elif mlp == "gelu":
@@ -100,10 +119,12 @@ class TransformerBlock(nn.Module):
         With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`."""
         if lengths is not None and self.cross_attn is not None:
             raise ValueError("lengths (packed sequences) do not support cross-attention blocks")
+        hooks = hooks_for(self)
+        if hooks is not None:
+            x = hooks("hook_resid_pre", x)
         weights = None
-        h = self.norm1(x) if self.norm_first else x
         a = self.attn(
-            h,
+            self.norm1(x) if self.norm_first else x,
             mask=mask,
             key_mask=key_mask,
             cache=cache,
@@ -113,23 +134,45 @@ class TransformerBlock(nn.Module):
         )
         if return_weights:
             a, weights = a
-        x = x + self.dropout(a) if self.norm_first else self.norm1(_residual(self.dropout(a), x))
+        x = self._add(x, self.dropout(a), self.norm1, hooks, "hook_attn_out", "hook_resid_mid")
         if self.cross_attn is not None:
             if memory is None and (cross_cache is None or not cross_cache.filled):
                 raise ValueError("this block has cross-attention: pass memory (B, S, C)")
-            mem = memory if memory is not None else x[:, :0]  # a filled cache needs no memory
-            h = self.norm_cross(x) if self.norm_first else x
-            c = self.cross_attn(h, mem, key_mask=memory_key_mask, cache=cross_cache)
-            x = (
-                x + self.dropout(c)
-                if self.norm_first
-                else self.norm_cross(_residual(self.dropout(c), x))
+            c = self.cross_attn(
+                self.norm_cross(x) if self.norm_first else x,
+                memory,
+                key_mask=memory_key_mask,
+                cache=cross_cache,
             )
-        if self.norm_first:
-            x = x + self.dropout(self.ffn(self.norm2(x)))
-        else:
-            x = self.norm2(_residual(self.dropout(self.ffn(x)), x))
+            x = self._add(
+                x,
+                self.dropout(c),
+                self.norm_cross,
+                hooks,
+                "hook_cross_attn_out",
+                "hook_resid_mid_cross",
+            )
+        m = self.dropout(self.ffn(self.norm2(x) if self.norm_first else x))
+        x = self._add(x, m, self.norm2, hooks, "hook_mlp_out", "hook_resid_post")
         return (x, weights) if return_weights else x
+
+    def _add(
+        self,
+        x: Tensor,
+        branch: Tensor,
+        norm: nn.Module,
+        hooks: ModuleHooks | None,
+        branch_point: str,
+        stream_point: str,
+    ) -> Tensor:
+        """The residual step: x + branch (pre-norm) or norm(x + branch) (post-norm), with the
+        branch's and the stream's hook points."""
+        if hooks is None:
+            return x + branch if self.norm_first else norm(_residual(branch, x))
+        branch = hooks(branch_point, branch)
+        # Out of place: a hook may hold on to `branch` (a cache), so it must not change later.
+        x = x + branch if self.norm_first else norm(branch + x)
+        return hooks(stream_point, x)
 
 
 def make_blocks(
@@ -138,7 +181,7 @@ def make_blocks(
     causal: bool,
     cross_attention: bool = False,
     norm_first: bool | None = None,
-    position: Callable[[], nn.Module | None] | None = None,
+    position: Callable[[], PositionScheme | None] | None = None,
     device=None,
     dtype=None,
 ) -> nn.ModuleList:

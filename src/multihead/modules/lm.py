@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..cache import KVCache
-from ..positional import ALiBi, LearnedPositions, RotaryEmbedding
+from ..hook_points import hooks_for
+from ..positional import ALiBi, LearnedPositions, PositionScheme, RotaryEmbedding
 from .attention import MultiHeadAttention
 from .block import TransformerBlock, make_blocks
 from .norm import make_norm
@@ -39,6 +41,15 @@ class LMConfig:
 
 
 class CausalLM(nn.Module):
+    """Token (+ learned position) embeddings, pre-norm blocks, a final norm and the LM head.
+
+    Hook points (see `multihead.interpret`): hook_embed, hook_pos_embed (learned positions),
+    blocks.{i}.* (see TransformerBlock and MultiHeadAttention), ln_final.hook_normalized.
+    """
+
+    hook_points = ("hook_embed", "hook_pos_embed", "ln_final.hook_normalized")
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
+
     def __init__(self, config: LMConfig, device=None, dtype=None) -> None:
         super().__init__()
         if config.position not in ("learned", "rope", "alibi"):
@@ -54,7 +65,7 @@ class CausalLM(nn.Module):
         )
         self.drop = nn.Dropout(config.dropout)
 
-        def position() -> nn.Module | None:
+        def position() -> PositionScheme | None:
             if config.position == "rope":
                 return RotaryEmbedding(C // H, max_positions=config.max_positions)
             return ALiBi(H) if config.position == "alibi" else None
@@ -156,9 +167,15 @@ class CausalLM(nn.Module):
             if positions.numel() and int(positions.max()) >= limit:
                 last = int(positions.max())
                 raise ValueError(f"position {last} is past the position table ({limit} positions)")
+        hooks = hooks_for(self)
         x = self.tok(input_ids)
+        if hooks is not None:
+            x = hooks("hook_embed", x)
         if self.pos is not None:
-            x = x + self.pos(positions)
+            pos = self.pos(positions)
+            if hooks is not None:  # (T, C) or (B, T, C) -> (B, T, C), as TransformerLens shows it
+                pos = hooks("hook_pos_embed", pos.expand(B, T, pos.shape[-1]))
+            x = x + pos
         x = self.drop(x)
         for i, layer in enumerate(self.layers):
             x = layer(
@@ -169,7 +186,10 @@ class CausalLM(nn.Module):
             )
         if last_only:
             x = x[:, -1:]
-        return self.logits(self.norm_f(x))
+        x = self.norm_f(x)
+        if hooks is not None:
+            x = hooks("ln_final.hook_normalized", x)
+        return self.logits(x)
 
     @torch.inference_mode()
     def generate_stream(

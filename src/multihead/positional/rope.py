@@ -7,7 +7,9 @@ Shapes: x (B, H, T, D); positions (T,) or (B, T); cos/sin broadcast to x.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .scheme import PositionScheme
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -40,32 +42,36 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + _rotate_half(x) * sin
 
 
-class RotaryEmbedding(nn.Module):
-    """Caches cos/sin for positions 0..max_positions-1 (grown on demand) and rotates q and k."""
+class RotaryEmbedding(PositionScheme):
+    """Rotates q and k by their positions. cos/sin are computed from the positions on every call
+    (fp32 angles, as Hugging Face and torchtitan do): no table to outgrow, nothing read from
+    tensor values, so it traces; negative positions are refused by the module's input checks."""
+
+    uses_positions = True
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_positions: int = 2048) -> None:
+        """`max_positions` is kept for compatibility; nothing is preallocated any more."""
         super().__init__()
         self.head_dim, self.base = head_dim, base
         self.inv_freq: Tensor
         self.register_buffer("inv_freq", rope_frequencies(head_dim, base).float(), persistent=False)
-        self._cache_len = 0
-        self._cos: Tensor | None = None
-        self._sin: Tensor | None = None
-        self._grow(max_positions)
 
-    def _grow(self, length: int) -> None:
-        positions = torch.arange(length, device=self.inv_freq.device)
-        self._cos, self._sin = rope_cos_sin(positions, self.inv_freq.double())
-        self._cache_len = length
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}"
+
+    def check(self, num_heads: int, head_dim: int) -> None:
+        if head_dim != self.head_dim:
+            raise ValueError(
+                f"RotaryEmbedding head_dim {self.head_dim} != the attention's head_dim {head_dim}"
+            )
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        needed = int(positions.max()) + 1 if positions.numel() else 0
-        if needed > self._cache_len or self._cos is None or self._cos.device != positions.device:
-            self._grow(max(needed, 2 * self._cache_len))
-        assert self._cos is not None and self._sin is not None
-        return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
+        """cos, sin of shape (*positions.shape, D)."""
+        angles = positions.float()[..., None] * self.inv_freq.to(positions.device)  # (..., D/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (..., D)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q (B, H, T, D), k (B, Hkv, T, D); positions (T,) or (B, T) of those T tokens."""
         if q.shape[-1] != self.head_dim:
             raise ValueError(
@@ -73,3 +79,6 @@ class RotaryEmbedding(nn.Module):
             )
         cos, sin = self.cos_sin(positions, q.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.rotate(q, k, positions)

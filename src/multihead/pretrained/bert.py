@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ..functional.masks import from_hf_padding
 from ..functional.varlen import VarLen
+from ..hook_points import hooks_for
 from ..modules import TransformerBlock
 from ..modules.feedforward import ACTIVATIONS
 from .keymap import Rule, convert_state_dict, pair
@@ -73,6 +74,12 @@ class EncoderOutput(NamedTuple):
 
 
 class BertEmbeddings(nn.Module):
+    """Word + position + token type embeddings, LayerNorm, dropout.
+    Hook points: hook_embed, hook_pos_embed, hook_token_type_embed (each (B, T, C) or packed
+    (N, C)); the normalised sum is blocks.0.hook_resid_pre."""
+
+    hook_points = ("hook_embed", "hook_pos_embed", "hook_token_type_embed")
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         C = config.hidden_size
@@ -103,12 +110,21 @@ class BertEmbeddings(nn.Module):
             types = self.token_type_embeddings.weight[0]  # every token of type 0
         else:
             types = self.token_type_embeddings(token_type_ids)
-        x = self.word_embeddings(input_ids) + position_states + types
+        words = self.word_embeddings(input_ids)
+        hooks = hooks_for(self)
+        if hooks is not None:  # each part at the words' shape, as TransformerLens shows them
+            words = hooks("hook_embed", words)
+            position_states = hooks("hook_pos_embed", position_states.expand_as(words))
+            types = hooks("hook_token_type_embed", types.expand_as(words))
+        x = words + position_states + types
         return self.dropout(self.norm(x))
 
 
 class BertEncoder(nn.Module):
-    """BERT's encoder (post-norm blocks of multihead.MultiHeadAttention); no pooler."""
+    """BERT's encoder (post-norm blocks of multihead.MultiHeadAttention); no pooler.
+    Hook points: hook_embed, hook_pos_embed, hook_token_type_embed, blocks.{i}.*."""
+
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks", "embeddings": ""}
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -26,7 +26,10 @@ from .bert import BertEncoder, EncoderOutput
 
 
 class SentenceEncoder(nn.Module):
-    """Token states, attention weights and sentence embeddings from one pretrained encoder."""
+    """Token states, attention weights and sentence embeddings from one pretrained encoder.
+    Its hook points are the model's (the wrapper adds no name segment)."""
+
+    hook_alias: ClassVar[dict[str, str]] = {"model": ""}
 
     def __init__(
         self,
