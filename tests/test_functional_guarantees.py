@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import assert_close
 from multihead import attention
 from multihead.functional.backends import sdpa as sdpa_backend
+
+from conftest import assert_close
 from reference import reference_attention
 
 B, H, HKV, TQ, TK, D = 2, 3, 1, 5, 7, 8

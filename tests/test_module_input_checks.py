@@ -5,11 +5,12 @@ devices, caches misused (shared between layers, refilled with other memory)."""
 import pytest
 import torch
 
-from conftest import assert_close
 from multihead import MultiHeadAttention, attention
 from multihead.cache import CrossKVCache, KVCache
 from multihead.functional import varlen_attention
 from multihead.positional import ALiBi, RotaryEmbedding
+
+from conftest import assert_close
 
 B, T, C, H = 2, 5, 24, 6
 
@@ -42,7 +43,7 @@ def test_positions_must_mean_something():
         MultiHeadAttention(C, H, position=ALiBi(H))(x, positions=torch.arange(T))
     rope = MultiHeadAttention(C, H, position=RotaryEmbedding(4))
     with pytest.raises(
-        TypeError, match="positions must be an integer tensor, got dtype torch.float32"
+        TypeError, match=r"positions must be an integer tensor, got dtype torch\.float32"
     ):
         rope(x, positions=torch.arange(T).float())
     with pytest.raises(
@@ -59,7 +60,9 @@ def test_alibi_must_have_a_slope_per_head():
         ValueError, match=r"ALiBi has slopes for 4 heads but the attention has 6 heads"
     ):
         MultiHeadAttention(C, H, position=ALiBi(4))
-    with pytest.raises(TypeError, match="position must be a multihead.positional.PositionScheme"):
+    with pytest.raises(
+        TypeError, match=r"position must be a multihead\.positional\.PositionScheme"
+    ):
         MultiHeadAttention(C, H, position=torch.nn.Identity())
 
 
@@ -104,7 +107,7 @@ def test_kv_cache_arguments_are_checked():
         with pytest.raises(ValueError, match=pattern):
             KVCache(1, 1, 4, **kwargs)
     with pytest.raises(
-        TypeError, match="dtype must be a floating-point torch.dtype, got 'float32'"
+        TypeError, match=r"dtype must be a floating-point torch\.dtype, got .float32."
     ):
         KVCache(1, 1, 4, dtype="float32")
 
