@@ -256,3 +256,8 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
         write_atomic(target, half_then_fail)
     assert json.loads(target.read_text()) == {"old": True}  # the old file is untouched
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
+
+
+def test_the_default_report_path_is_checked_too(monkeypatch, capsys, no_model_work):
+    monkeypatch.chdir("/proc")  # no new file can be made there, even by root
+    fails(capsys, ["inspect", TEXT], "report (give -o PATH) 'multihead-inspect.html'", "cannot")

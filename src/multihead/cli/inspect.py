@@ -79,7 +79,10 @@ def run(args) -> int:
     text = _read_text(args)
     _check_focus(args, None, None)
     fmt = output_format(args.output, args.format, FORMATS, default="html")
-    output = check_writable(args.output or Path(f"multihead-inspect.{fmt}"))
+    if args.output is None:  # the default path, in the current directory
+        output = check_writable(Path(f"multihead-inspect.{fmt}"), "report (give -o PATH)")
+    else:
+        output = check_writable(args.output)
     if fmt == "png" and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--format png needs matplotlib: pip install 'multihead[report]'")
     progress = Progress()

@@ -202,7 +202,7 @@
       const g = el("div", "mh-heatgrid");
       g.style.gridTemplateColumns = `max-content ${T * scale}px`;
       g.style.gridTemplateRows = `max-content ${T * scale}px`;
-      const corner = el("div", "mh-corner", stride > 1 ? `labels: 1 token in ${stride}` : "");
+      const corner = el("div", "mh-corner", "keys →\nqueries ↓" + (stride > 1 ? `\n(1 in ${stride} labelled)` : ""));
       const xl = el("div", "mh-xlab"), yl = el("div", "mh-ylab");
       xl.id = D.id + "-xlab"; yl.id = D.id + "-ylab";
       v.tokens.forEach((t, i) => {
