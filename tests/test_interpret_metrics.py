@@ -122,3 +122,88 @@ def test_roles_state_the_measured_number():
     assert roles[0][2][0].role == "broad"
     top = strongest(roles, 2)
     assert len(top) == 2 and top[0].strength >= top[1].strength
+
+
+def test_previous_token_at_a_distance():
+    back2 = pattern([0, 0, *list(range(T - 2))])  # query i -> key i - 2 (rows 0, 1: key 0)
+    a = stack(back2, pattern([0, *list(range(T - 1))]))
+    assert M.previous_token(a, 2)[0].tolist() == [1.0, 0.0]
+    assert M.previous_token(a)[0].tolist() == [pytest.approx(1 / (T - 1)), 1.0]
+    by = M.previous_by_distance(a, (1, 2, 3))
+    assert by.shape == (3, 1, 2)
+    best, distance = M.best_offset(by, (1, 2, 3))
+    assert distance.tolist() == [[2, 1]] and best[0].tolist() == [1.0, 1.0]
+
+
+def copies(n=3, first=1, second=6, length=11, offsets=(0, 1, 2, -1)):
+    """(1, H, T, T): head h sends every query of the second copy to first + t + offsets[h]
+    (where that key lies in the first copy); other rows attend to themselves."""
+    a = torch.zeros(1, len(offsets), length, length)
+    for h, o in enumerate(offsets):
+        for i in range(length):
+            a[0, h, i, i] = 1.0
+        for t in range(n):
+            if 0 <= t + o < n:
+                a[0, h, second + t, second + t] = 0.0
+                a[0, h, second + t, first + t + o] = 1.0
+    return a
+
+
+def test_copy_mass_finds_each_offset():
+    a = copies(n=4)
+    assert M.copy_mass(a, 1, 6, 4, 0)[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert M.copy_mass(a, 1, 6, 4, 1)[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert M.copy_mass(a, 1, 6, 4, 2)[0].tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert M.copy_mass(a, 1, 6, 4, -1)[0].tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert M.copy_mass(a, 1, 6, 4, 4).tolist() == [[0.0] * 4]  # no t has a key in the copy
+    by = M.copy_mass_by_offset(a, 1, 6, 4, (1, 2, -1))
+    best, offset = M.best_offset(by, (1, 2, -1))
+    # the duplicate-token head scores 0 at every scanned offset: the tie goes to +1
+    assert offset.tolist() == [[1, 1, 2, -1]]
+    assert best[0].tolist() == [0.0, 1.0, 1.0, 1.0]
+    # the old two-score helper agrees
+    dup, ind = M.copy_scores(a, 1, 6, 4)
+    assert dup[0].tolist() == [1.0, 0.0, 0.0, 0.0] and ind[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="do not fit 11 positions"):
+        M.copy_mass(a, 1, 3, 4, 1)  # overlapping copies
+
+
+def test_best_offset_ties_and_errors():
+    scores = torch.tensor([[[0.2, 0.5]], [[0.2, 0.1]], [[0.1, 0.5]]])  # (O=3, L=1, H=2)
+    best, offset = M.best_offset(scores, (3, -1, 7))
+    assert offset.tolist() == [[3, 3]]  # ties go to the earlier listed offset
+    assert best.tolist() == [[pytest.approx(0.2), 0.5]]
+    best, offset = M.best_offset(scores, (7, -1, 3))
+    assert offset.tolist() == [[7, 7]]
+    with pytest.raises(ValueError, match=r"scores must have shape \(O, L, H\) with O = 2"):
+        M.best_offset(scores, (1, 2))
+
+
+def test_sink_mass_excludes_the_sink_rows():
+    sink = pattern([0] * T)
+    half = torch.zeros(1, 1, T, T)
+    half[0, 0, :, 0] = 0.5
+    half[0, 0, torch.arange(T), torch.arange(T)] += 0.5  # row 0: all on itself
+    a = stack(sink, half, pattern(range(T)))
+    assert M.sink_mass(a)[0].tolist() == [1.0, 0.5, 0.0]
+    # two sinks: BOS and the last token; the rows of both are left out
+    assert M.sink_mass(a, (0, -1))[0].tolist() == [1.0, 0.5, 0.0]
+    assert M.sink_mass(a, range(T)).tolist() == [[0.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match="sink position 7 is outside 7 positions"):
+        M.sink_mass(a, (7,))
+
+
+def test_aligned_mass_on_a_reversal():
+    Tq, Tk, n = 5, 6, 4  # 4 real tokens; query 4 and key 4, 5 are padding
+    anti = torch.zeros(1, 2, Tq, Tk)
+    for t in range(n):
+        anti[0, 0, t, n - 1 - t] = 1.0  # head 0: the anti-diagonal
+        anti[0, 1, t, t] = 1.0  # head 1: the diagonal (right only where t == n - 1 - t: never)
+    anti[0, :, 4, 5] = 1.0  # a padding query, excluded
+    aligned = torch.tensor([3, 2, 1, 0, -1])
+    assert M.aligned_mass(anti, aligned)[0].tolist() == [1.0, 0.0]
+    assert M.aligned_mass(anti, torch.full((Tq,), -1)).tolist() == [[0.0, 0.0]]
+    with pytest.raises(ValueError, match=r"aligned must have shape \(Tq,\) = \(5,\)"):
+        M.aligned_mass(anti, aligned[:4])
+    with pytest.raises(ValueError, match=r"aligned key indices must lie in \[-1, 5\]"):
+        M.aligned_mass(anti, torch.tensor([6, 0, 0, 0, 0]))

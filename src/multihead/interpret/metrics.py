@@ -38,8 +38,9 @@ def diagonal_mass(attn: Tensor, offset: int) -> Tensor:
     return a.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1)
 
 
-def previous_token(attn: Tensor) -> Tensor:
-    return diagonal_mass(attn, -1)
+def previous_token(attn: Tensor, distance: int = 1) -> Tensor:
+    """Mean weight a query i puts on key i - `distance` (1: the previous token)."""
+    return diagonal_mass(attn, -distance)
 
 
 def next_token(attn: Tensor) -> Tensor:
@@ -134,17 +135,97 @@ def rollout(attn: Tensor, residual: float = 0.5) -> Tensor:
     return flow
 
 
+def copy_mass(attn: Tensor, first: int, second: int, n: int, offset: int) -> Tensor:
+    """On a text holding a sequence of n tokens at `first` and again at `second`: for a query at
+    second + t, the mean weight on key first + t + offset, over the t whose key lies inside the
+    first copy (0 <= t + offset < n). offset 0 is the duplicate-token score, +1 the induction
+    score (the token that followed the earlier copy); a circuit whose layer-0 head reads a
+    token further back shows up at a larger offset. (L, H); zeros when no t qualifies."""
+    a = _check(attn)
+    T = a.shape[-1]
+    if not (0 <= first and first + n <= second and second + n <= T):
+        raise ValueError(
+            f"copies of {n} tokens at {first} and {second} do not fit {T} positions in order"
+        )
+    t = torch.arange(max(0, -offset), min(n, n - offset))
+    if t.numel() == 0:
+        return a.new_zeros(a.shape[:2])
+    return a[:, :, second + t, first + t + offset].mean(-1)
+
+
 def copy_scores(attn: Tensor, first: int, second: int, n: int) -> tuple[Tensor, Tensor]:
     """Duplicate-token and induction scores on a text holding a random token sequence of length
     n at `first` and again at `second`: for a query at second + t, the mean weight on
     first + t (the same token earlier: duplicate) and on first + t + 1 (the token that
     followed it: induction)."""
+    return copy_mass(attn, first, second, n, 0), copy_mass(attn, first, second, n, 1)
+
+
+# Offsets scanned for induction, in order of preference on ties: the textbook +1 first.
+INDUCTION_OFFSETS = (1, 2, 3, 4, 5, -1, -2, -3)
+PREVIOUS_DISTANCES = (1, 2, 3, 4)
+
+
+def copy_mass_by_offset(
+    attn: Tensor, first: int, second: int, n: int, offsets: Sequence[int] = INDUCTION_OFFSETS
+) -> Tensor:
+    """`copy_mass` at each offset: (O, L, H). Average these over texts, then `best_offset`."""
+    return torch.stack([copy_mass(attn, first, second, n, o) for o in offsets])
+
+
+def previous_by_distance(attn: Tensor, distances: Sequence[int] = PREVIOUS_DISTANCES) -> Tensor:
+    """`previous_token` at each distance: (O, L, H)."""
+    return torch.stack([previous_token(attn, d) for d in distances])
+
+
+def best_offset(scores: Tensor, offsets: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Per head, the largest of `scores` (O, L, H) over its first axis and the offset that gave
+    it: ((L, H) values, (L, H) long offsets). Ties go to the earlier offset in `offsets`."""
+    if scores.dim() != 3 or scores.shape[0] != len(offsets) or len(offsets) == 0:
+        raise ValueError(
+            f"scores must have shape (O, L, H) with O = {len(offsets)} offsets, "
+            f"got {tuple(scores.shape)}"
+        )
+    # argmax returns the first maximum on CPU; make it explicit with a descending tie-break.
+    order = torch.arange(len(offsets), 0, -1, dtype=scores.dtype).view(-1, 1, 1)
+    best_value = scores.max(0).values
+    index = ((scores == best_value) * order).argmax(0)
+    return best_value, torch.tensor(list(offsets))[index]
+
+
+def sink_mass(attn: Tensor, positions: Sequence[int] = (0,)) -> Tensor:
+    """Mean weight on the sink keys at `positions` (default: the first token, a BOS token in a
+    causal model), over the queries that are not sinks themselves (a causal query 0 can only
+    attend to itself). (L, H); zeros when every position is a sink."""
     a = _check(attn)
-    t = torch.arange(n)
-    dup = a[:, :, second + t, first + t].mean(-1)
-    t = t[:-1]
-    ind = a[:, :, second + t, first + t + 1].mean(-1) if n > 1 else torch.zeros_like(dup)
-    return dup, ind
+    T = a.shape[-1]
+    sinks = torch.zeros(T, dtype=torch.bool)
+    for p in positions:
+        if not -T <= p < T:
+            raise ValueError(f"sink position {p} is outside {T} positions")
+        sinks[p] = True
+    rows = ~sinks
+    if not rows.any():
+        return a.new_zeros(a.shape[:2])
+    return a[:, :, rows][..., sinks].sum(-1).mean(-1)
+
+
+def aligned_mass(attn: Tensor, aligned: Tensor) -> Tensor:
+    """Mean weight each query puts on its aligned key: `attn` (L, H, Tq, Tk) (cross-attention:
+    Tq and Tk may differ), `aligned` (Tq,) the key index of each query, -1 for a query with no
+    aligned key (excluded). For sequence reversal, query t aligns with key n - 1 - t. (L, H);
+    zeros when no query has an aligned key."""
+    if attn.dim() != 4:
+        raise ValueError(f"attn must have shape (L, H, Tq, Tk), got {tuple(attn.shape)}")
+    Tq, Tk = attn.shape[-2:]
+    if aligned.shape != (Tq,):
+        raise ValueError(f"aligned must have shape (Tq,) = ({Tq},), got {tuple(aligned.shape)}")
+    if bool(((aligned < -1) | (aligned >= Tk)).any()):
+        raise ValueError(f"aligned key indices must lie in [-1, {Tk - 1}], got {aligned.tolist()}")
+    rows = (aligned >= 0).nonzero()[:, 0]
+    if rows.numel() == 0:
+        return attn.new_zeros(attn.shape[:2], dtype=torch.float64)
+    return attn.double()[:, :, rows, aligned[rows]].mean(-1)
 
 
 def head_metrics(attn: Tensor, tokens: Sequence[str]) -> dict[str, Tensor]:
