@@ -1,9 +1,12 @@
-"""Run a pretrained encoder on texts and measure its heads: the glue between a model and the
-pure metrics. Each text runs alone (no padding), under `capture`.
+"""Run an inspectable model (an encoder or a causal LM, see `subject`) on texts and measure
+its heads: the glue between a model and the pure metrics. Each text runs alone (no padding),
+under `capture`.
 
 What was measured travels with the result: how many tokens of each text were analysed (and
 whether the rest was cut off), which roles come from the text and which from the
-repeated-random-token probe, and whether a text was too short to measure."""
+repeated-random-token probe, whether a text was too short to measure, whether the patterns are
+causal (then metrics that would look at later tokens are listed in `undefined`), and which
+tokens the sink metric measured."""
 
 from __future__ import annotations
 
@@ -13,12 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 from torch import Tensor
 
 from .capture import capture
-from .metrics import SPECIAL_TOKENS, copy_scores, corpus_metrics
+from .metrics import (
+    CAUSAL_UNDEFINED,
+    INDUCTION_OFFSETS,
+    PREVIOUS_DISTANCES,
+    SPECIAL_TOKENS,
+    best_offset,
+    copy_mass_by_offset,
+    corpus_metrics,
+)
 from .roles import SOURCES, HeadRole, head_roles
+from .subject import Subject, as_subject
 
 # Fewer real tokens than this (besides [CLS]/[SEP]) and the text-based metrics mostly measure
 # the special tokens: with "Hi" ([CLS] hi [SEP]) every head looks like a sink.
@@ -38,10 +49,17 @@ class TextAttention:
     attn: Tensor  # (L, H, T, T)
     text: str = ""  # the part of the text that the tokens cover (all of it unless truncated)
     total_tokens: int = -1  # the whole text's token count, special tokens included
+    special: list[bool] | None = None  # which tokens are special (default: SPECIAL_TOKENS)
+    sinks: list[int] | None = None  # the positions the sink metric measured (default: special)
+    word_starts: list[bool] | None = None  # which tokens start a word (default: not "##")
 
     def __post_init__(self) -> None:
         if self.total_tokens < 0:
             self.total_tokens = len(self.tokens)
+        if self.special is None:
+            self.special = [t in SPECIAL_TOKENS for t in self.tokens]
+        if self.word_starts is None:
+            self.word_starts = [i == 0 or not t.startswith("##") for i, t in enumerate(self.tokens)]
 
     @property
     def truncated(self) -> bool:
@@ -49,8 +67,8 @@ class TextAttention:
 
     @property
     def content_tokens(self) -> int:
-        """Tokens other than [CLS]/[SEP]-style special tokens."""
-        return sum(t not in SPECIAL_TOKENS for t in self.tokens)
+        """Tokens other than special tokens ([CLS]/[SEP], BOS)."""
+        return len(self.tokens) - sum(self.special or ())
 
 
 @dataclass(frozen=True)
@@ -60,10 +78,13 @@ class ProbeInfo:
     length: int
     trials: int
     seed: int
+    prefix: tuple[str, ...] = ("[CLS]",)  # the special tokens around R filler R
+    suffix: tuple[str, ...] = ("[SEP]",)
 
     def __str__(self) -> str:
+        layout = " ".join([*self.prefix, "R filler R", *self.suffix])
         return (
-            f"{self.trials} sequences [CLS] R filler R [SEP], R = {self.length} random tokens; "
+            f"{self.trials} sequences {layout}, R = {self.length} random tokens; "
             f"the same for every text"
         )
 
@@ -76,6 +97,10 @@ class Analysis:
     probe: ProbeInfo | None = None
     max_tokens: int = 0  # the token limit each text was cut to
     notes: list[str] = field(default_factory=list)  # truncation and too-short warnings
+    kind: str = "encoder"  # "encoder" or "causal LM"
+    causal: bool = False  # causal patterns: only the lower triangle (keys <= query) holds weight
+    undefined: dict[str, str] = field(default_factory=dict)  # metric -> why it is n/a here
+    sink_label: str = "[CLS]/[SEP]"  # the tokens the "special" (sink) metric measured
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -88,95 +113,87 @@ class Analysis:
         return any(t.content_tokens >= MIN_CONTENT_TOKENS for t in self.texts)
 
 
-def _attention_of(encoder, ids: list[int]) -> Tensor:
+def _attention_of(subject: Subject, ids: list[int]) -> Tensor:
     """(L, H, T, T) weights of one unpadded token sequence, via `capture`."""
-    with torch.inference_mode(), capture(encoder, keep_qkv=False) as records:
-        encoder(torch.tensor([ids]))
-    return torch.stack([r.weights[0] for r in records])
+    with torch.inference_mode(), capture(subject.model, keep_qkv=False) as records:
+        subject.run(ids)
+    return torch.stack([r.weights[0] for r in records]).cpu()
 
 
-def token_limit(encoder, max_tokens: int | None = None) -> int:
-    """The number of tokens a text is cut to: the encoder's own length (256 for MiniLM) unless
-    `max_tokens` asks for another, up to its position table (512)."""
-    if max_tokens is None:
-        return encoder.max_seq_length
-    limit = encoder.max_position_limit
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
-    if not 3 <= max_tokens <= limit:
-        raise ValueError(f"max_tokens must be in [3, {limit}] for this model, got {max_tokens}")
-    return max_tokens
+def token_limit(model, max_tokens: int | None = None) -> int:
+    """The number of tokens a text is cut to: the model's own length (256 for MiniLM and,
+    by default, for causal LMs) unless `max_tokens` asks for another, up to its position table
+    (512 for MiniLM)."""
+    return as_subject(model).token_limit(max_tokens)
 
 
-def _private_tokenizer(encoder) -> Tokenizer:
-    """A copy of the encoder's tokenizer that this analysis may reconfigure freely (the shared
-    one's truncation must not change under a concurrent `encode`)."""
-    tokenizer = Tokenizer.from_str(encoder.tokenizer.to_str())
-    tokenizer.no_padding()
-    return tokenizer
-
-
-def _tokenize(tokenizer: Tokenizer, text: str, limit: int) -> tuple[list[int], int, str]:
-    """Token ids cut to `limit`, the whole text's token count, and the part of the text the
-    kept tokens cover."""
-    tokenizer.no_truncation()
-    total = len(tokenizer.encode(text).ids)
-    tokenizer.enable_truncation(max_length=limit)
-    kept = tokenizer.encode(text)
-    if total <= limit:
-        return kept.ids, total, text
-    pairs = zip(kept.offsets, kept.special_tokens_mask, strict=True)
-    ends = [end for (_, end), special in pairs if not special]
-    return kept.ids, total, text[: max(ends, default=0)]
-
-
-def text_attention(encoder, text: str, *, max_tokens: int | None = None) -> TextAttention:
+def text_attention(model, text: str, *, max_tokens: int | None = None) -> TextAttention:
     """Token strings and per-layer weights (L, H, T, T) of one text, via `capture`; the text is
-    cut to `token_limit(encoder, max_tokens)` tokens (see `TextAttention.truncated`)."""
-    limit = token_limit(encoder, max_tokens)
-    ids, total, covered = _tokenize(_private_tokenizer(encoder), text, limit)
-    return _text_attention(encoder, ids, total, covered)
+    cut to `token_limit(model, max_tokens)` tokens (see `TextAttention.truncated`)."""
+    subject = as_subject(model)
+    return _text_attention(subject, text, subject.token_limit(max_tokens))
 
 
-def _text_attention(encoder, ids: list[int], total: int, covered: str) -> TextAttention:
-    attn = _attention_of(encoder, ids).float()  # (L, H, T, T)
-    tokens = [encoder.tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
-    return TextAttention(tokens, attn, covered, total)
+def _text_attention(subject: Subject, text: str, limit: int) -> TextAttention:
+    encoded = subject.encode(text, limit)
+    ids = encoded.ids
+    attn = _attention_of(subject, ids).float()  # (L, H, T, T)
+    tokens = subject.token_strings(ids)
+    return TextAttention(
+        tokens,
+        attn,
+        encoded.covered,
+        encoded.total,
+        special=subject.special_mask(ids),
+        sinks=subject.sinks(ids),
+        word_starts=subject.word_starts(tokens),
+    )
 
 
 def copy_probe(
-    encoder,
+    model,
     *,
     length: int = 16,
     trials: int = 8,
     seed: int = 0,
+    offsets: Sequence[int] = INDUCTION_OFFSETS,
     progress: Progress = _no_progress,
-) -> tuple[Tensor, Tensor]:
-    """Duplicate-token and induction scores (L, H) on [CLS] R filler R [SEP], R random tokens.
+) -> dict[str, Tensor]:
+    """Duplicate-token and induction scores (L, H) on R filler R between the model's special
+    tokens ([CLS] ... [SEP]; BOS ... in a causal LM with one), R random tokens of its own
+    vocabulary: "duplicate" (offset 0), "induction" (offset +1), and the best induction score
+    over `offsets` ("induction_best") with the offset that gave it ("induction_offset"), each
+    offset's score averaged over the trials first.
 
     The filler's length is random (1 .. length) in each trial, so a head attending at a fixed
     offset cannot score as an induction head by matching the period.
     """
+    subject = as_subject(model)
+    if length < 2 or trials < 1:
+        raise ValueError(f"the probe needs length >= 2 and trials >= 1, got {length}, {trials}")
     rng = random.Random(seed)
-    tok = encoder.tokenizer
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    vocab = tok.get_vocab_size()
-    # ordinary word pieces only: skip the reserved/special block at the start of BERT vocabularies
-    low = min(1000, vocab // 2)
-    dup_total: Tensor | int = 0
-    ind_total: Tensor | int = 0
+    scanned = sorted({0, 1, *offsets})
+    scans = []  # (O, L, H) per trial
     for _ in progress(range(trials), "random-token probe", trials):
-        seq = [rng.randrange(low, vocab) for _ in range(length)]
-        filler = [rng.randrange(low, vocab) for _ in range(rng.randint(1, length))]
-        ids = [cls_id, *seq, *filler, *seq, sep_id]
-        attn = _attention_of(encoder, ids)
-        dup, ind = copy_scores(attn, 1, 1 + length + len(filler), length)
-        dup_total = dup_total + dup
-        ind_total = ind_total + ind
-    return dup_total / trials, ind_total / trials  # type: ignore[return-value]
+        seq = subject.random_tokens(rng, length)
+        filler = subject.random_tokens(rng, rng.randint(1, length))
+        ids = [*subject.prefix, *seq, *filler, *seq, *subject.suffix]
+        first = len(subject.prefix)
+        attn = _attention_of(subject, ids)
+        second = first + length + len(filler)
+        scans.append(copy_mass_by_offset(attn, first, second, length, scanned))
+    mean = torch.stack(scans).mean(0).float()  # (O, L, H)
+    best, offset = best_offset(mean[[scanned.index(o) for o in offsets]], offsets)
+    return {
+        "duplicate": mean[scanned.index(0)],
+        "induction": mean[scanned.index(1)],
+        "induction_best": best,
+        "induction_offset": offset.float(),
+    }
 
 
-def _notes(items: list[TextAttention], limit: int, model_limit: int) -> list[str]:
+def _notes(items: list[TextAttention], limit: int, model_limit: int, special: str) -> list[str]:
+    """Truncation and too-short warnings; `special` names the special tokens ("[CLS]/[SEP]")."""
     notes = []
     cut = [x for x in items if x.truncated]
     more = f" (the model reads up to {model_limit})" if limit < model_limit else ""
@@ -191,29 +208,30 @@ def _notes(items: list[TextAttention], limit: int, model_limit: int) -> list[str
             f"truncated: {len(cut)} of {len(items)} texts were longer than {limit} tokens{more}; "
             f"only their first {limit} tokens were analysed"
         )
+    besides = f" besides {special}" if special else ""
     short = [x for x in items if x.content_tokens < MIN_CONTENT_TOKENS]
     if len(items) == 1 and short:
         n = short[0].content_tokens
         notes.append(
-            f"too short to measure: the text has {n} token{'s' * (n != 1)} besides [CLS]/[SEP], "
+            f"too short to measure: the text has {n} token{'s' * (n != 1)}{besides}, "
             f"and roles measured on a text need at least {MIN_CONTENT_TOKENS}; only the "
             f"random-token probe's roles are given"
         )
     elif len(short) == len(items):
         notes.append(
-            f"too short to measure: every text has fewer than {MIN_CONTENT_TOKENS} tokens "
-            f"besides [CLS]/[SEP]; only the random-token probe's roles are given"
+            f"too short to measure: every text has fewer than {MIN_CONTENT_TOKENS} tokens"
+            f"{besides}; only the random-token probe's roles are given"
         )
     elif short:
         notes.append(
-            f"{len(short)} of {len(items)} texts have fewer than {MIN_CONTENT_TOKENS} tokens "
-            f"besides [CLS]/[SEP]; their special tokens weigh heavily in the means"
+            f"{len(short)} of {len(items)} texts have fewer than {MIN_CONTENT_TOKENS} tokens"
+            f"{besides}; their special tokens weigh heavily in the means"
         )
     return notes
 
 
 def analyze(
-    encoder,
+    model,
     texts: Sequence[str],
     *,
     probe: bool = True,
@@ -222,30 +240,45 @@ def analyze(
 ) -> Analysis:
     """Metrics of every head averaged over `texts`, plus the repeated-token probe, and roles.
 
-    Each text is cut to `token_limit(encoder, max_tokens)` tokens; `Analysis.notes` says when
-    that cut anything, or when the texts are too short for roles measured on them.
+    `model`: a `Subject` (`EncoderSubject`, `CausalLMSubject`, see `subject.load_subject`) or
+    a `SentenceEncoder`. Each text is cut to `token_limit(model, max_tokens)` tokens;
+    `Analysis.notes` says when that cut anything, or when the texts are too short for roles
+    measured on them. For a causal LM the metrics leave out what a causal pattern cannot show
+    (`Analysis.undefined`). Previous-token and induction roles come from offset scans
+    (`PREVIOUS_DISTANCES`, `INDUCTION_OFFSETS`) and say the offset that was measured.
     `progress(iterable, description, total)` wraps the loops (over texts, over probe trials).
     """
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise TypeError(f"texts must be a sequence of strings, got {type(texts).__name__}")
     if not texts:
         raise ValueError("analyze needs at least one text")
+    subject = as_subject(model)
     wrap = progress or _no_progress
-    limit = token_limit(encoder, max_tokens)
-    tokenizer = _private_tokenizer(encoder)
-    items = []
-    for text in wrap(texts, "texts", len(texts)):
-        items.append(_text_attention(encoder, *_tokenize(tokenizer, text, limit)))
-    metrics = corpus_metrics((x.attn, x.tokens) for x in items)
+    limit = subject.token_limit(max_tokens)
+    items = [_text_attention(subject, text, limit) for text in wrap(texts, "texts", len(texts))]
+    metrics = corpus_metrics(
+        ((x.attn, x.tokens, x.sinks or [0]) for x in items),
+        causal=subject.causal,
+        previous_distances=PREVIOUS_DISTANCES,
+    )
     probe_info = None
     if probe:
-        probe_info = ProbeInfo(length=16, trials=8, seed=0)
-        metrics["duplicate"], metrics["induction"] = copy_probe(
-            encoder,
-            length=probe_info.length,
-            trials=probe_info.trials,
-            seed=probe_info.seed,
-            progress=wrap,
+        special = subject.token_strings([*subject.prefix, *subject.suffix])
+        probe_info = ProbeInfo(
+            length=16,
+            trials=8,
+            seed=0,
+            prefix=tuple(special[: len(subject.prefix)]),
+            suffix=tuple(special[len(subject.prefix) :]),
+        )
+        metrics.update(
+            copy_probe(
+                subject,
+                length=probe_info.length,
+                trials=probe_info.trials,
+                seed=probe_info.seed,
+                progress=wrap,
+            )
         )
     result = Analysis(
         items,
@@ -253,8 +286,12 @@ def analyze(
         [],
         probe_info,
         limit,
-        _notes(items, limit, encoder.max_position_limit),
+        _notes(items, limit, subject.max_positions, subject.special_label),
+        kind=subject.kind,
+        causal=subject.causal,
+        undefined=dict(CAUSAL_UNDEFINED) if subject.causal else {},
+        sink_label=subject.sink_label,
     )
     sources = SOURCES if result.text_measured else tuple(s for s in SOURCES if s != "text")
-    result.roles = head_roles(metrics, sources=sources)
+    result.roles = head_roles(metrics, sources=sources, sinks=subject.sink_label)
     return result
