@@ -68,7 +68,10 @@ def test_inspect_prints_roles_by_source_and_writes_html(tmp_path, capsys):
 def quick_inspect(monkeypatch, encoder, analysis):
     """`inspect` on TEXT without reloading the model or rerunning the analysis (the CLI's
     choices of format, path and output are under test here, not the model)."""
-    monkeypatch.setattr("multihead.cli.inspect.load_for_inspection", lambda model: encoder)
+    from multihead.interpret.subject import EncoderSubject
+
+    subject = EncoderSubject(encoder)
+    monkeypatch.setattr("multihead.cli.inspect.load_for_inspection", lambda model: subject)
     monkeypatch.setattr("multihead.interpret.analysis.analyze", lambda enc, texts, **kw: analysis)
 
 
@@ -125,7 +128,9 @@ def test_long_text_says_what_was_analysed(tmp_path, capsys, encoder, monkeypatch
     monkeypatch.setattr(
         analysis_module, "analyze", lambda *a, **kw: seen.append(kw["max_tokens"]) or real(*a, **kw)
     )
-    monkeypatch.setattr(analysis_module, "copy_probe", lambda enc, **kw: (torch.zeros(6, 12),) * 2)
+    probe = dict.fromkeys(("duplicate", "induction", "induction_best", "induction_offset"))
+    zeros = {name: torch.zeros(6, 12) for name in probe}
+    monkeypatch.setattr(analysis_module, "copy_probe", lambda subject, **kw: zeros)
     html = tmp_path / "r.html"
     assert main(["inspect", LONG, "-o", str(html), "--max-tokens", "300"]) == 0
     assert "300 tokens analysed" in capsys.readouterr().out and seen == [300]

@@ -5,7 +5,10 @@ notebook: `HTMLReport` displays itself inline).
 Weights travel compactly: integers in units of 1e-4 (as in the JSON report), as uint16 split
 into a high-byte and a low-byte plane (the high bytes are nearly all zero), deflated and base64
 encoded; the page inflates them with the browser's DecompressionStream. A 256-token MiniLM
-report is about 4.5 MB instead of 12.6 MB of base64 uint16."""
+report is about 4.5 MB instead of 12.6 MB of base64 uint16.
+
+A causal report greys out the upper triangle (keys after the query, which a causal head cannot
+see) and shows metrics a causal pattern does not define (next-token mass) as "n/a"."""
 
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from .analysis import Analysis
-from .metrics import SPECIAL_TOKENS
 from .roles import RULES, SOURCE_NAMES, strongest
 
 TABLE_METRICS = (
@@ -35,6 +37,10 @@ TABLE_METRICS = (
     "confidence_content",
     "duplicate",
     "induction",
+    "previous_best",
+    "previous_distance",
+    "induction_best",
+    "induction_offset",
 )
 WEIGHT_UNIT = 1e-4
 
@@ -73,7 +79,7 @@ def report_data(
         ]
         for layer in range(L)
     ]
-    names = [m for m in TABLE_METRICS if m in analysis.metrics]
+    names = [m for m in TABLE_METRICS if m in analysis.metrics or m in analysis.undefined]
     return {
         "id": "mh-" + secrets.token_hex(4),
         "title": title,
@@ -82,15 +88,25 @@ def report_data(
         "tokens": item.tokens,
         "tokens_total": item.total_tokens,
         "notes": analysis.notes,
-        "special": sorted(SPECIAL_TOKENS),
+        "special": item.special,  # per token: hidden by "hide special tokens"
+        "word_starts": item.word_starts,  # per token: False joins the word before when merged
+        "causal": analysis.causal,
+        "kind": analysis.kind,
+        "undefined": {m: why for m, why in analysis.undefined.items() if m in names},
         "weights": pack_weights(item.attn.numpy()),
         "unit": WEIGHT_UNIT,
         "roles": roles,
         "sources": SOURCE_NAMES,
         "probe": str(analysis.probe) if analysis.probe else None,
         "metric_names": names,
-        "metrics": {m: analysis.metrics[m].round(decimals=4).tolist() for m in names},
-        "role_metric": {r.role: r.metric for r in RULES},
+        "metrics": {
+            m: analysis.metrics[m].round(decimals=4).tolist()
+            for m in names
+            if m in analysis.metrics
+        },
+        "role_metric": {
+            r.role: r.metric if r.metric in names else (r.fallback or r.metric) for r in RULES
+        },
         "open": list(opening_head(analysis, open_head)),
     }
 

@@ -4,7 +4,12 @@ Weights are stored as integers in units of 1e-4 (`weights.unit`): four decimals 
 attention weight means here, and integers keep a 256-token report near 12 MB where four-decimal
 floats take 30 MB. `np.array(data["weights"]["values"]) * data["weights"]["unit"]` gives them
 back, shape (layers, heads, query, key). A role's "source" says where it was measured: "text"
-(the text itself) or "probe" (repeated random tokens, the same for every text)."""
+(the text itself) or "probe" (repeated random tokens, the same for every text).
+
+"causal": true marks a causal LM's patterns: keys after the query hold 0 because the head
+cannot see them (not because it chose not to). Metrics such a pattern does not define are null,
+with the reason under "undefined". "sinks" names the tokens the "special" metric measured and
+"sink_positions" where they are; "special" marks the special tokens."""
 
 from __future__ import annotations
 
@@ -32,6 +37,11 @@ def to_json(analysis: Analysis, *, text_index: int = 0, model: str = "") -> str:
             "tokens_total": item.total_tokens,
             "truncated": item.truncated,
             "notes": analysis.notes,
+            "kind": analysis.kind,
+            "causal": analysis.causal,
+            "special": item.special,
+            "sinks": analysis.sink_label,
+            "sink_positions": item.sinks,
             "shape": {"layers": L, "heads": H, "tokens": T},
             "weights": {
                 "unit": WEIGHT_UNIT,
@@ -39,8 +49,12 @@ def to_json(analysis: Analysis, *, text_index: int = 0, model: str = "") -> str:
                 "values": weights.tolist(),
             },
             "metrics": {
-                k: np.round(v.double().numpy(), 4).tolist() for k, v in analysis.metrics.items()
+                **{
+                    k: np.round(v.double().numpy(), 4).tolist() for k, v in analysis.metrics.items()
+                },
+                **dict.fromkeys(analysis.undefined),
             },
+            "undefined": analysis.undefined,
             "probe": None
             if probe is None
             else {"length": probe.length, "trials": probe.trials, "seed": probe.seed},

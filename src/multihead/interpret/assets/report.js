@@ -1,7 +1,8 @@
 // multihead attention report: renders one data object into one container. No network, no deps.
 // Weights arrive deflated (see report_html.pack_weights); the page inflates them, draws every
 // head as a max-pooled thumbnail (sharp patterns keep their contrast at any length) and opens
-// one head's labelled heatmap and line view.
+// one head's labelled heatmap and line view. In a causal report (D.causal) the upper triangle,
+// keys after the query that a causal head cannot see, is painted grey, never as weight 0.
 (function () {
   "use strict";
   // role -> [short badge text, colour]
@@ -21,6 +22,7 @@
     LUT[3 * k] = 255 - 225 * s; LUT[3 * k + 1] = 255 - 170 * s; LUT[3 * k + 2] = 255 - 40 * s;
   }
   const lut = (w) => 3 * Math.min(255, Math.max(0, Math.round(Math.sqrt(w) * 255)));
+  const FUTURE = [222, 222, 222];  // a key after the query in a causal pattern: not attended
 
   async function unpack(b64, n, unit) {
     const bin = atob(b64), bytes = new Uint8Array(bin.length);
@@ -40,32 +42,41 @@
     return e;
   }
 
-  // Paint a T x T matrix, `scale` pixels per cell.
-  function paint(canvas, M, T, scale) {
+  // The RGB of a cell: its weight's colour, or grey for a key a causal query cannot see.
+  function rgb(w, future) {
+    if (future) return FUTURE;
+    const c = lut(w);
+    return [LUT[c], LUT[c + 1], LUT[c + 2]];
+  }
+
+  // Paint a T x T matrix, `scale` pixels per cell; `causal`: grey above the diagonal.
+  function paint(canvas, M, T, scale, causal) {
     canvas.width = T * scale; canvas.height = T * scale;
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(T * scale, T * scale);
     const px = img.data, W = T * scale;
     for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
-      const c = lut(M[i * T + j]);
+      const c = rgb(M[i * T + j], causal && j > i);
       for (let y = i * scale; y < (i + 1) * scale; y++) for (let x = j * scale; x < (j + 1) * scale; x++) {
         const p = 4 * (y * W + x);
-        px[p] = LUT[c]; px[p + 1] = LUT[c + 1]; px[p + 2] = LUT[c + 2]; px[p + 3] = 255;
+        px[p] = c[0]; px[p + 1] = c[1]; px[p + 2] = c[2]; px[p + 3] = 255;
       }
     }
     ctx.putImageData(img, 0, 0);
   }
 
-  // A thumbnail of at most THUMB x THUMB pixels; each pixel shows the largest weight it covers.
-  function thumbnail(canvas, M, T) {
+  // A thumbnail of at most THUMB x THUMB pixels; each pixel shows the largest weight it covers
+  // (grey when every cell it covers lies above a causal diagonal).
+  function thumbnail(canvas, M, T, causal) {
     const S = Math.max(1, Math.min(T, THUMB));
     canvas.width = S; canvas.height = S;
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(S, S), px = img.data;
     for (let a = 0; a < S; a++) for (let b = 0; b < S; b++) {
       let m = 0;
-      const i1 = Math.floor((a + 1) * T / S), j0 = Math.floor(b * T / S), j1 = Math.floor((b + 1) * T / S);
-      for (let i = Math.floor(a * T / S); i < i1; i++) for (let j = j0; j < j1; j++) m = Math.max(m, M[i * T + j]);
-      const c = lut(m), p = 4 * (a * S + b);
-      px[p] = LUT[c]; px[p + 1] = LUT[c + 1]; px[p + 2] = LUT[c + 2]; px[p + 3] = 255;
+      const i0 = Math.floor(a * T / S), i1 = Math.floor((a + 1) * T / S);
+      const j0 = Math.floor(b * T / S), j1 = Math.floor((b + 1) * T / S);
+      for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) m = Math.max(m, M[i * T + j]);
+      const c = rgb(m, causal && j0 > i1 - 1), p = 4 * (a * S + b);
+      px[p] = c[0]; px[p + 1] = c[1]; px[p + 2] = c[2]; px[p + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
   }
@@ -75,7 +86,7 @@
     const $ = (s) => root.querySelector("#" + D.id + "-" + s);
     const L = D.L, H = D.H, T0 = D.tokens.length;
     const state = {hideSpecial: false, merge: false, layer: null, head: null, lock: null};
-    const special = new Set(D.special);
+    const undefinedMetric = D.undefined || {};
     let W;
     try {
       W = await unpack(D.weights, L * H * T0 * T0, D.unit);
@@ -86,16 +97,17 @@
     }
 
     // The (possibly transformed) view of one head: tokens and a row-stochastic T x T matrix.
+    // A causal pattern stays lower-triangular under both transformations (order is kept).
     function view(l, h) {
-      let toks = D.tokens.map((t, i) => ({text: t, idx: [i]}));
+      let toks = D.tokens.map((t, i) => ({text: t, idx: [i], special: D.special[i]}));
       let T = T0, M = W.subarray((l * H + h) * T0 * T0, (l * H + h + 1) * T0 * T0);
       if (state.merge) {  // word pieces -> words: sum over key pieces, mean over query pieces
         const words = [];
         toks.forEach((t, i) => {
-          if (t.text.startsWith("##") && words.length) {
+          if (!D.word_starts[i] && words.length) {
             const w = words[words.length - 1];
-            w.text += t.text.slice(2); w.idx.push(i);
-          } else words.push({text: t.text, idx: [i]});
+            w.text += t.text.startsWith("##") ? t.text.slice(2) : t.text; w.idx.push(i);
+          } else words.push({text: t.text, idx: [i], special: t.special});
         });
         const N = words.length, out = new Float32Array(N * N);
         words.forEach((q, a) => words.forEach((k, b) => {
@@ -106,7 +118,7 @@
         toks = words; M = out; T = N;
       }
       if (state.hideSpecial) {  // drop special rows/columns and renormalise rows
-        const keep = toks.map((t, i) => special.has(t.text) ? -1 : i).filter((i) => i >= 0);
+        const keep = toks.map((t, i) => t.special ? -1 : i).filter((i) => i >= 0);
         const N = keep.length, out = new Float32Array(N * N);
         keep.forEach((i, a) => {
           let s = 0;
@@ -157,7 +169,7 @@
     function thumbnails() {
       root.querySelectorAll(".mh-cell").forEach((cell) => {
         const v = view(+cell.dataset.layer, +cell.dataset.head);
-        thumbnail(cell.querySelector("canvas"), v.M, v.T);
+        thumbnail(cell.querySelector("canvas"), v.M, v.T, D.causal);
       });
     }
 
@@ -173,6 +185,10 @@
       const p = el("span", "mh-badge mh-probe", "dashed");
       p.style.setProperty("--c", "#666");
       leg.append(p, " measured on repeated random tokens" + (D.probe ? ` (${D.probe})` : ""));
+      if (D.causal) {
+        const g = el("span", "mh-badge mh-future", "grey");
+        leg.append("  ", g, " later keys: a causal head cannot attend to them");
+      }
     }
 
     const tip = $("tip");
@@ -214,11 +230,12 @@
       });
       const c = el("canvas");
       c.id = D.id + "-heat";
-      paint(c, v.M, T, scale);
+      paint(c, v.M, T, scale, D.causal);
       c.onmousemove = (e) => {
         const i = Math.floor(e.offsetY / scale), j = Math.floor(e.offsetX / scale);
         if (i >= 0 && j >= 0 && i < T && j < T) {
-          showTip(e, `query ${i} ${v.tokens[i]} → key ${j} ${v.tokens[j]}: ${v.M[i * T + j].toFixed(4)}`);
+          const what = D.causal && j > i ? "after the query: not attended (causal)" : v.M[i * T + j].toFixed(4);
+          showTip(e, `query ${i} ${v.tokens[i]} → key ${j} ${v.tokens[j]}: ${what}`);
         }
       };
       c.onmouseleave = hideTip;
@@ -294,7 +311,7 @@
       const names = D.metric_names, rows = [];
       for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) {
         const r = badgeRole(l, h);
-        rows.push({head: `L${l} H${h}`, l, h, role: r ? r.role : "", ...Object.fromEntries(names.map((n) => [n, D.metrics[n][l][h]]))});
+        rows.push({head: `L${l} H${h}`, l, h, role: r ? r.role : "", ...Object.fromEntries(names.map((n) => [n, n in undefinedMetric ? "n/a" : D.metrics[n][l][h]]))});
       }
       let sortKey = "head", desc = false;
       const roleSel = $("role"), tableEl = $("table");
@@ -307,8 +324,10 @@
           return desc ? -c : c;
         });
         const cols = ["head", "role", ...names];
-        tableEl.innerHTML = "<thead><tr>" + cols.map((c) => `<th data-k="${c}">${c}${c === sortKey ? (desc ? " ▼" : " ▲") : ""}</th>`).join("") +
-          "</tr></thead><tbody>" + shown.map((r) => "<tr>" + cols.map((c) => `<td>${typeof r[c] === "number" ? r[c].toFixed(3) : r[c]}</td>`).join("") + "</tr>").join("") + "</tbody>";
+        const cell = (c, x) => typeof x !== "number" ? x : (/_(offset|distance)$/.test(c) ? x.toFixed(0) : x.toFixed(3));
+        const why = (c) => c in undefinedMetric ? ` title="n/a: ${undefinedMetric[c]}"` : "";
+        tableEl.innerHTML = "<thead><tr>" + cols.map((c) => `<th data-k="${c}"${why(c)}>${c}${c === sortKey ? (desc ? " ▼" : " ▲") : ""}</th>`).join("") +
+          "</tr></thead><tbody>" + shown.map((r) => "<tr>" + cols.map((c) => `<td${why(c)}>${cell(c, r[c])}</td>`).join("") + "</tr>").join("") + "</tbody>";
         tableEl.querySelectorAll("th").forEach((th) => th.addEventListener("click", () => {
           const k = th.dataset.k; desc = sortKey === k ? !desc : typeof rows[0][k] === "number"; sortKey = k; draw();
         }));
