@@ -17,7 +17,8 @@ TEXT = "The cat sat on the mat."
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Small random checkpoints on disk: a good BERT, broken copies of it, and a GPT-2."""
+    """Small random checkpoints on disk: a good BERT, broken copies of it, a model_type nothing
+    reads, GPT-2 (a causal LM: read by inspect and heads only), and broken GPT-2 copies."""
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("models")
     good = root / "bert"
@@ -36,6 +37,9 @@ def models(tmp_path_factory):
     binary = copy("bad-bin")
     (binary / "model.safetensors").unlink()
     (binary / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really a zip")
+    config = copy("t5") / "config.json"
+    config.write_text(config.read_text().replace('"model_type": "bert"', '"model_type": "t5"'))
+    assert '"t5"' in config.read_text()
 
     import torch
     import transformers
@@ -45,6 +49,13 @@ def models(tmp_path_factory):
     cfg = transformers.GPT2Config(vocab_size=60, n_embd=24, n_layer=2, n_head=3, n_positions=32)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(gpt2)
     write_tokenizer(gpt2)
+    from helpers_gpt2 import save_gpt2
+
+    save_gpt2(root / "gpt2-no-tokenizer")
+    (root / "gpt2-no-tokenizer" / "tokenizer.json").unlink()
+    save_gpt2(root / "gpt2-big-tokenizer", extra_vocab=0)
+    config = root / "gpt2-big-tokenizer" / "config.json"
+    config.write_text(config.read_text().replace('"vocab_size": 301', '"vocab_size": 250'))
     return root
 
 
@@ -57,6 +68,7 @@ def no_model_work(monkeypatch):
 
     for target in (
         "multihead.pretrained.load_encoder",
+        "multihead.pretrained.load_causal_lm",
         "multihead.interpret.analysis.analyze",
         "multihead.pretrained.encoder.SentenceEncoder.encode",
     ):
@@ -92,6 +104,9 @@ def nothing_written(directory: Path) -> None:
         ("no-weights", ["lacks model.safetensors or pytorch_model.bin"]),
         ("bad-bin", ["pytorch_model.bin is truncated or not a PyTorch checkpoint"]),
         ("gpt2", ["reads BERT-family encoders", "model_type 'gpt2'"]),
+        ("t5", ["reads BERT-family encoders", "model_type 't5'"]),
+        ("gpt2-no-tokenizer", ["lacks tokenizer.json"]),
+        ("gpt2-big-tokenizer", ["tokenizer.json has 301 tokens", "vocab_size is 250"]),
     ],
 )
 @pytest.mark.parametrize("command", ["inspect", "embed", "heads", "similarity"])
@@ -110,9 +125,16 @@ def test_model_directory_problems(
         "heads": ["heads", "--corpus", str(corpus), "--model", model],
         "similarity": ["similarity", "a", "b", "--model", model],
     }[command]
-    if model == "gpt2" or model.endswith("gpt2"):
+    if model.endswith(("gpt2", "t5")):
         # refused by its model_type, before anything loads: the directory itself is fine
+        if model.endswith("gpt2") and command in ("inspect", "heads"):
+            # a causal LM: these two accept it, and go on to load it (tests/test_cli_causal.py)
+            with pytest.raises(AssertionError, match="a model was loaded"):
+                main(argv)
+            return
         fragments = [*fragments, f"`multihead {command}`"]
+        if command in ("inspect", "heads"):
+            fragments = [*fragments, "and causal LMs (model_type 'gpt2')"]
     fails(capsys, argv, *fragments)
     nothing_written(tmp_path)
 

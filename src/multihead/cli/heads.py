@@ -1,5 +1,6 @@
 """`multihead heads --corpus FILE`: every head's metrics averaged over a corpus (and, with
---importance, how much the sentence embedding changes when the head is zeroed)."""
+--importance, how much the model's output changes when the head is zeroed: the sentence
+embedding of an encoder, the next-token loss of a causal LM)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from ..table import format_table
 from .errors import UsageError
 from .inputs import lines_of, read_text_file
-from .model_dir import DEFAULT_MODEL, check_model, load_sentence_encoder
+from .model_dir import DEFAULT_MODEL, check_model, load_subject
 from .parsing import positive_int
 from .progress import Progress
 
@@ -47,6 +48,10 @@ METRICS = (
     "confidence_content",
     "duplicate",
     "induction",
+    "previous_best",
+    "previous_distance",
+    "induction_best",
+    "induction_offset",
 )
 
 
@@ -69,12 +74,14 @@ def add_arguments(parser) -> None:
         "--max-tokens",
         type=positive_int,
         metavar="N",
-        help="cut each text to N tokens (default: the model's own length, 256 for MiniLM)",
+        help="cut each text to N tokens (default: the model's own length, 256 for MiniLM, "
+        "and 256 for a causal LM)",
     )
     parser.add_argument(
         "--importance",
         action="store_true",
-        help="add ablation importance: 1 - cosine between the normal and head-ablated embedding",
+        help="add ablation importance: 1 - cosine between the normal and head-ablated sentence "
+        "embedding (encoders), or the increase of the next-token loss (causal LMs)",
     )
 
 
@@ -87,17 +94,17 @@ def run(args) -> int:
     progress.status(f"loading {args.model}…")
     model = check_model(args.model)
     model.check_length(args.max_tokens, "--max-tokens", low=3)
-    encoder = load_sentence_encoder(model, NAME)
+    subject = load_subject(model, NAME)
 
     from ..interpret.analysis import analyze
     from ..interpret.roles import HeadRole, strongest
 
-    analysis = analyze(encoder, texts, max_tokens=args.max_tokens, progress=progress)
+    analysis = analyze(subject, texts, max_tokens=args.max_tokens, progress=progress)
     metrics = analysis.metrics
     if args.importance:
         from ..interpret.importance import ablation_importance
 
-        importance = ablation_importance(encoder, texts, progress=progress.enabled)
+        importance = ablation_importance(subject, texts, progress=progress.enabled)
         metrics = {**metrics, "ablation": importance}
         columns.append("ablation")
     progress.done()
@@ -113,14 +120,21 @@ def run(args) -> int:
     for layer, head, role in ranked[: args.top]:
         name = (role.role + ("*" if role.source == "probe" else "")) if role else "-"
         cells = [f"L{layer} H{head}", name]
-        cells += [f"{float(metrics[c][layer, head]):.3f}" for c in columns]
+        cells += [
+            f"{float(metrics[c][layer, head]):.3f}" if c in metrics else "n/a" for c in columns
+        ]
         rows.append(cells)
-    print(f"{args.model} over {len(texts)} texts (means; padding excluded)")
+    print(f"{args.model} ({analysis.kind}) over {len(texts)} texts (means; padding excluded)")
     for note in analysis.notes:
         print(f"note: {note}")
+    for name in columns:
+        if name in analysis.undefined:
+            print(f"{name}: n/a, {analysis.undefined[name]}")
     print(format_table(["head", "role", *columns], rows, left=(0, 1)))
     print(
         "role: the strongest, by measured value / threshold; * = measured on repeated random "
         "tokens (duplicate, induction), the rest on the corpus"
     )
+    if args.importance:
+        print(f"ablation: {subject.objective.effect}")
     return 0

