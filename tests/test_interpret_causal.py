@@ -248,3 +248,50 @@ def test_pruning_curve_runs_from_the_models_loss_to_no_heads(gpt2):
         ValueError, match=r"importance must have shape \(layers, heads\) = \(2, 3\)"
     ):
         pruning_curve(subject, TEXTS, torch.rand(3, 2))
+
+
+def test_the_probe_finds_an_induction_circuit_shifted_by_one(gpt2, monkeypatch):
+    """A hand-built pattern in place of the model's: every query of the second copy attends to
+    the token two after its earlier copy (a circuit whose previous-token step reads i-2)."""
+    from multihead.interpret import analysis as module
+
+    _, path = gpt2
+    subject = load_subject(path)
+
+    def shifted(s, ids):
+        T, n = len(ids), 16
+        first, second = 1, len(ids) - n  # [BOS] R filler R
+        a = torch.zeros(2, 3, T, T)
+        a[..., :, 0] = 1.0  # everything else on BOS
+        for t in range(n - 2):
+            q = second + t
+            a[..., q, :] = 0
+            a[..., q, first + t + 2] = 1.0
+        return a
+
+    monkeypatch.setattr(module, "_attention_of", shifted)
+    scores = module.copy_probe(subject, trials=3, offsets=(1, 2, 3))
+    assert scores["induction"].max() == 0 and scores["duplicate"].max() == 0
+    torch.testing.assert_close(scores["induction_best"], torch.ones(2, 3))
+    assert scores["induction_offset"].unique().tolist() == [2.0]
+
+
+def test_offsets_and_thresholds_are_parameters(gpt2):
+    from multihead.interpret.roles import with_thresholds
+
+    _, path = gpt2
+    subject = load_subject(path)
+    default = analyze(subject, [TEXT])
+    assert any(r.role == "broad" for row in default.roles for h in row for r in h)
+    strict = with_thresholds({"broad": 0.999, "induction": 0.01})
+    custom = analyze(subject, [TEXT], rules=strict, previous_distances=(3,), induction_offsets=(2,))
+    assert custom.metrics["previous_distance"].unique().tolist() == [3.0]
+    assert custom.metrics["induction_offset"].unique().tolist() == [2.0]
+    roles = [r for row in custom.roles for h in row for r in h]
+    assert not any(r.role == "broad" for r in roles)
+    induction = [r for r in roles if r.role == "induction"]
+    assert induction and all("offset +2 from the earlier copy" in r.description for r in induction)
+    with pytest.raises(ValueError, match="unknown roles"):
+        with_thresholds({"nonsense": 0.5})
+    with pytest.raises(ValueError, match="must be a positive number"):
+        with_thresholds({"broad": 0})

@@ -28,7 +28,7 @@ from .metrics import (
     copy_mass_by_offset,
     corpus_metrics,
 )
-from .roles import SOURCES, HeadRole, head_roles
+from .roles import RULES, SOURCES, HeadRole, RoleRule, head_roles
 from .subject import Subject, as_subject
 
 # Fewer real tokens than this (besides [CLS]/[SEP]) and the text-based metrics mostly measure
@@ -237,6 +237,9 @@ def analyze(
     probe: bool = True,
     max_tokens: int | None = None,
     progress: Progress | None = None,
+    rules: Sequence[RoleRule] = RULES,
+    previous_distances: Sequence[int] = PREVIOUS_DISTANCES,
+    induction_offsets: Sequence[int] = INDUCTION_OFFSETS,
 ) -> Analysis:
     """Metrics of every head averaged over `texts`, plus the repeated-token probe, and roles.
 
@@ -244,9 +247,10 @@ def analyze(
     a `SentenceEncoder`. Each text is cut to `token_limit(model, max_tokens)` tokens;
     `Analysis.notes` says when that cut anything, or when the texts are too short for roles
     measured on them. For a causal LM the metrics leave out what a causal pattern cannot show
-    (`Analysis.undefined`). Previous-token and induction roles come from offset scans
-    (`PREVIOUS_DISTANCES`, `INDUCTION_OFFSETS`) and say the offset that was measured.
-    `progress(iterable, description, total)` wraps the loops (over texts, over probe trials).
+    (`Analysis.undefined`). Previous-token and induction roles come from scans over
+    `previous_distances` and `induction_offsets` and say the offset that was measured; `rules`
+    holds the role thresholds (see `roles.with_thresholds`). `progress(iterable, description,
+    total)` wraps the loops (over texts, over probe trials).
     """
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise TypeError(f"texts must be a sequence of strings, got {type(texts).__name__}")
@@ -259,7 +263,7 @@ def analyze(
     metrics = corpus_metrics(
         ((x.attn, x.tokens, x.sinks or [0]) for x in items),
         causal=subject.causal,
-        previous_distances=PREVIOUS_DISTANCES,
+        previous_distances=previous_distances,
     )
     probe_info = None
     if probe:
@@ -277,6 +281,7 @@ def analyze(
                 length=probe_info.length,
                 trials=probe_info.trials,
                 seed=probe_info.seed,
+                offsets=induction_offsets,
                 progress=wrap,
             )
         )
@@ -293,5 +298,5 @@ def analyze(
         sink_label=subject.sink_label,
     )
     sources = SOURCES if result.text_measured else tuple(s for s in SOURCES if s != "text")
-    result.roles = head_roles(metrics, sources=sources, sinks=subject.sink_label)
+    result.roles = head_roles(metrics, rules, sources=sources, sinks=subject.sink_label)
     return result

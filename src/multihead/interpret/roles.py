@@ -13,7 +13,7 @@ scheme is still found) and name the offset; a sink role names the sink tokens it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor
 
@@ -66,6 +66,19 @@ RULES: tuple[RoleRule, ...] = (
     ),
     RoleRule("broad", "entropy_norm", 0.85, "normalised entropy {v:.2f}: spread over the text"),
 )
+
+
+def with_thresholds(thresholds: dict[str, float], rules=RULES) -> tuple[RoleRule, ...]:
+    """`rules` with some thresholds changed, by role name: `with_thresholds({"induction": 0.2})`
+    (pass the result as `rules` to `head_roles` or `analysis.analyze`)."""
+    known = {r.role for r in rules}
+    unknown = sorted(set(thresholds) - known)
+    if unknown:
+        raise ValueError(f"unknown roles {unknown}; known: {sorted(known)}")
+    for role, value in thresholds.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"the threshold of {role!r} must be a positive number, got {value!r}")
+    return tuple(replace(r, threshold=float(thresholds.get(r.role, r.threshold))) for r in rules)
 
 
 @dataclass(frozen=True)
