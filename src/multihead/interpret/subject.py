@@ -16,6 +16,7 @@ subject or a `SentenceEncoder`; `load_subject(path)` reads a model directory.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -41,7 +42,7 @@ class EncodedText:
     covered: str  # the part of the text that the kept tokens cover
 
 
-class Subject:
+class Subject(ABC):
     """The shared part: tokenisation with a private copy of the tokenizer (no truncation or
     padding, so concurrent users of the model's own tokenizer are not disturbed), special
     tokens, sinks, the token limit. Subclasses set the model-specific attributes below."""
@@ -90,7 +91,7 @@ class Subject:
     def encode(self, text: str, limit: int | None = None) -> EncodedText:
         """Token ids with the special tokens around them, the text cut to `limit` tokens
         (default `token_limit()`), special tokens kept."""
-        limit = self.token_limit() if limit is None else limit
+        limit = self.token_limit(limit)
         body = self.tokenizer.encode(text, add_special_tokens=False)
         room = limit - len(self.prefix) - len(self.suffix)
         total = len(body.ids) + len(self.prefix) + len(self.suffix)
@@ -139,13 +140,13 @@ class Subject:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @abstractmethod
     def run(self, ids: list[int]) -> None:
         """Run the model on one unpadded token sequence (inside `capture` or hooks)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def random_tokens(self, rng: random.Random, n: int) -> list[int]:
         """n ordinary tokens of the model's vocabulary, for the random-token probe."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return (
