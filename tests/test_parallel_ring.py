@@ -21,10 +21,11 @@ from multihead.parallel import (
     dropout_keep_mask,
     gather_sequence,
     ring_attention,
+    sequence_positions,
     shard_sequence,
     unshard_sequence,
 )
-from multihead.positional import alibi_slopes
+from multihead.positional import alibi_slopes, apply_rope, rope_cos_sin, rope_frequencies
 
 from conftest import assert_close
 from reference import reference_attention
@@ -231,9 +232,31 @@ def check_gather(rank: int, world: int) -> None:
         assert torch.equal(unshard_sequence(chunks, dim=1, layout=layout), x)
 
 
-def test_uneven_chunks_and_gather():
+def check_rope_at_global_positions(rank: int, world: int) -> None:
+    """The recipe of docs/parallel.md: rotate each chunk at its global positions
+    (sequence_positions), then ring attention; equals RoPE + attention() on the whole sequence."""
+    torch.manual_seed(4)
+    B, H, T, D = 2, 3, 23, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, H, T, D), torch.randn(B, H, T, D)
+    inv_freq = rope_frequencies(D)
+    cos, sin = rope_cos_sin(torch.arange(T), inv_freq)
+    expected = attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, causal=True)
+    for layout in ("contiguous", "zigzag"):
+        cos_r, sin_r = rope_cos_sin(sequence_positions(T, world, rank, layout=layout), inv_freq)
+        q_r, k_r, v_r = (shard_sequence(t, world, rank, dim=2, layout=layout) for t in (q, k, v))
+        out = ring_attention(apply_rope(q_r, cos_r, sin_r), apply_rope(k_r, cos_r, sin_r), v_r,
+                             causal=True, layout=layout)  # fmt: skip
+        assert_close(out, shard_sequence(expected, world, rank, dim=2, layout=layout))
+
+
+def check_gather_and_rope(rank: int, world: int) -> None:
+    check_gather(rank, world)
+    check_rope_at_global_positions(rank, world)
+
+
+def test_uneven_chunks_gather_and_rope():
     run_world(check_uneven_contiguous, 2)
-    run_world(check_gather, 4)
+    run_world(check_gather_and_rope, 4)
 
 
 class _Shapes(TorchDispatchMode):

@@ -32,30 +32,44 @@ from ..table import format_table
 
 
 class PeakTensorBytes(TorchDispatchMode):
-    """Peak of the summed sizes of live storages created by torch ops inside the `with` block."""
+    """Peak of the summed sizes of live storages created by torch ops inside the `with` block.
+
+    Storages first seen as an op's input existed before (the caller's tensors): views of them
+    are not counted.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
-        self._seen: set[int] = set()
+        self._created: set[int] = set()
+        self._outside: set[int] = set()
 
-    def _freed(self, key: int, nbytes: int) -> None:
-        self._seen.discard(key)
-        self.live -= nbytes
+    def _forget(self, known: set[int], key: int, nbytes: int) -> None:
+        known.discard(key)
+        if known is self._created:
+            self.live -= nbytes
+
+    def _watch(self, t: torch.Tensor, known: set[int]) -> None:
+        storage = t.untyped_storage()
+        key, nbytes = id(storage), storage.nbytes()
+        if key in self._created or key in self._outside:
+            return  # a view of a storage already accounted for
+        known.add(key)
+        # When the storage dies its id may be reused: forget it then.
+        weakref.finalize(storage, self._forget, known, key, nbytes)
+        if known is self._created:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor):
+                self._watch(t, self._outside)
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key, nbytes = id(storage), storage.nbytes()
-            if nbytes and key not in self._seen:  # a new storage, not a view of a known one
-                self._seen.add(key)
-                self.live += nbytes
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(storage, self._freed, key, nbytes)
+            if isinstance(t, torch.Tensor):
+                self._watch(t, self._created)
         return out
 
 
@@ -172,7 +186,7 @@ def run(
     causal: bool = True,
     layout: str = "zigzag",
     backward: bool = False,
-    block_size: int = 512,
+    block_size: int = 256,
     dtype: str = "float32",
     repeats: int = 5,
     threads: int = 1,
@@ -183,7 +197,8 @@ def run(
         world_sizes: ranks per run (each run spawns that many processes).
         seq_lens: total sequence lengths T (each rank holds about T / P).
         batch, heads, kv_heads, head_dim: B, H, Hkv (default H), D.
-        causal, layout, block_size: passed to `ring_attention`.
+        causal, layout, block_size: passed to `ring_attention` (tiles of 256 keep the per-tile
+            scratch, about 2 x B*H*block_size^2 accumulator elements, below the O(T/P) part).
         backward: time and measure forward + backward (`out.sum().backward()`), not forward only.
         dtype: "float32", "float64", "bfloat16" or "float16".
         repeats: timed calls per point (after one warm-up); the median is reported.

@@ -28,8 +28,9 @@ class Transfer:
     def wait(self) -> list[Tensor]:
         for work in self._works:
             work.wait()
-        self._works, self._sent = [], []
-        return self.received
+        received, self.received = self.received, []
+        self._works, self._sent = [], []  # hold nothing once done: the caller owns the buffers
+        return received
 
 
 class Ring:

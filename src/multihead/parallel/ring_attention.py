@@ -18,7 +18,7 @@ from torch.autograd.function import once_differentiable
 
 from .checks import BiasFn, RingSetup, check_bias, prepare
 from .dropout import dropout_keep_mask
-from .ring import GRADS_TAG, KEYS_TAG
+from .ring import GRADS_TAG, KEYS_TAG, Transfer
 from .schedule import TilePair, tile_pairs
 from .tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 
@@ -133,15 +133,61 @@ def _forward_ring(
             incoming = segments[ring.source(step + 1)]
             buffers = _empty_block(block, sum(s.length for s in incoming))
             transfer = ring.shift(block, buffers, KEYS_TAG)
-        theirs = segments[ring.source(step)]
-        for pair in tile_pairs(mine, theirs, causal=setup.causal, block_size=setup.block_size):
-            q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair)
-            o, l = tile_forward(q_t, k_t, v_t, **masks)
-            rows = slice(pair.queries.offset, pair.queries.offset + pair.queries.length)
-            merge_into(out[:, :, rows], lse[:, :, rows], o, l)
+        pairs = tile_pairs(mine, segments[ring.source(step)], causal=setup.causal,
+                           block_size=setup.block_size)  # fmt: skip
+        _attend_block(setup, q, block, pairs, out, lse)
         if transfer is not None:
             block = transfer.wait()
     return out.to(q.dtype), lse
+
+
+def _attend_block(
+    setup: RingSetup,
+    q: Tensor,
+    block: list[Tensor],
+    pairs: list[TilePair],
+    out: Tensor,
+    lse: Tensor,
+) -> None:
+    """Fold attention to one held block into (out, lse), in place. (A function of its own so
+    that no tile view of the block outlives it: the block is freed as soon as the next arrives.)"""
+    for pair in pairs:
+        q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair)
+        o, l = tile_forward(q_t, k_t, v_t, **masks)
+        rows = slice(pair.queries.offset, pair.queries.offset + pair.queries.length)
+        merge_into(out[:, :, rows], lse[:, :, rows], o, l)
+
+
+def _block_grads(
+    setup: RingSetup,
+    q: Tensor,
+    block: list[Tensor],
+    pairs: list[TilePair],
+    grad_out: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+) -> None:
+    """Add one held block's share of the gradients to dq, and its keys' to (dk, dv), in place."""
+    for pair in pairs:
+        q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair)
+        rows = slice(pair.queries.offset, pair.queries.offset + pair.queries.length)
+        cols = slice(pair.keys.offset, pair.keys.offset + pair.keys.length)
+        dq_t, dk_t, dv_t = tile_backward(
+            q_t, k_t, v_t, grad_out[:, :, rows], lse[:, :, rows], delta[:, :, rows], **masks
+        )
+        dq[:, :, rows] += dq_t
+        dk[:, :, cols] += dk_t
+        dv[:, :, cols] += dv_t
+
+
+def _add_arrived(dk: Tensor, dv: Tensor, transfer: Transfer) -> None:
+    """Add the accumulators arriving from the ranks before this one (and let them go)."""
+    earlier_dk, earlier_dv = transfer.wait()
+    dk += earlier_dk
+    dv += earlier_dv
 
 
 def _backward_ring(
@@ -181,20 +227,10 @@ def _backward_ring(
         # This rank's contributions to the held block's dk / dv, computed while the
         # accumulators from the ranks before it are still on their way.
         dk, dv = zeros(held, D), zeros(held, Dv)
-        for pair in tile_pairs(mine, theirs, causal=setup.causal, block_size=setup.block_size):
-            q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair)
-            rows = slice(pair.queries.offset, pair.queries.offset + pair.queries.length)
-            cols = slice(pair.keys.offset, pair.keys.offset + pair.keys.length)
-            dq_t, dk_t, dv_t = tile_backward(
-                q_t, k_t, v_t, grad_out[:, :, rows], lse[:, :, rows], delta[:, :, rows], **masks
-            )
-            dq[:, :, rows] += dq_t
-            dk[:, :, cols] += dk_t
-            dv[:, :, cols] += dv_t
+        pairs = tile_pairs(mine, theirs, causal=setup.causal, block_size=setup.block_size)
+        _block_grads(setup, q, block, pairs, grad_out, lse, delta, dq, dk, dv)
         if grads_in is not None:
-            earlier_dk, earlier_dv = grads_in.wait()
-            dk += earlier_dk
-            dv += earlier_dv
+            _add_arrived(dk, dv, grads_in)
         if ring.size > 1:
             # Pass the accumulators on; after the last step they reach the block's owner.
             following = sum(s.length for s in segments[ring.source(step + 1)])

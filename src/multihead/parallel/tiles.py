@@ -31,16 +31,18 @@ def _grouped(x: Tensor, kv_heads: int) -> Tensor:
 def _scores(
     q: Tensor, k: Tensor, scale: float, allowed: Tensor | None, bias: Tensor | None
 ) -> Tensor:
-    """(B, H, tq, tk) scaled scores in the accumulation dtype, -inf where blocked."""
+    """(B, H, tq, tk) scaled scores in the accumulation dtype, -inf where blocked: a fresh tensor,
+    which the callers modify in place (one tile-sized buffer instead of one per step; these run
+    outside autograd)."""
     acc = accumulation_dtype(q.dtype)
     B, H, tq, _ = q.shape
     Hkv, tk = k.shape[1], k.shape[2]
     s = torch.einsum("bkgqd,bktd->bkgqt", _grouped(q.to(acc), Hkv), k.to(acc))
-    s = s.reshape(B, H, tq, tk) * scale  # (B, Hkv, G, tq, tk) -> (B, H, tq, tk), contiguous
+    s = s.reshape(B, H, tq, tk).mul_(scale)  # (B, Hkv, G, tq, tk) -> (B, H, tq, tk)
     if bias is not None:
-        s = s + bias.to(acc)  # a -inf bias blocks like the mask
+        s.add_(bias.to(acc))  # a -inf bias blocks like the mask
     if allowed is not None:
-        s = s.masked_fill(~allowed, NEG_INF)
+        s.masked_fill_(~allowed, NEG_INF)
     return s
 
 
@@ -64,11 +66,11 @@ def tile_forward(
     s = _scores(q, k, scale, allowed, bias)
     m = s.amax(dim=-1, keepdim=True)  # (B, H, tq, 1)
     m = torch.where(m == NEG_INF, 0.0, m)  # rows with nothing allowed: exp(-inf - 0) = 0
-    e = torch.exp(s - m)
+    e = s.sub_(m).exp_()
     denom = e.sum(dim=-1)  # (B, H, tq)
     if keep is not None:
         # The denominator uses every probability; dropout acts on the normalised weights.
-        e = e * keep / (1.0 - dropout_p)
+        e.mul_(keep).div_(1.0 - dropout_p)
     Hkv = k.shape[1]
     B, H, tq, tk = e.shape
     # (B, Hkv, G, tq, tk) x (B, Hkv, tk, Dv) -> (B, Hkv, G, tq, Dv) -> (B, H, tq, Dv)
@@ -112,7 +114,7 @@ def tile_backward(
     acc = accumulation_dtype(q.dtype)
     s = _scores(q, k, scale, allowed, bias)
     safe_lse = torch.where(lse == NEG_INF, 0.0, lse)  # a row with no key: all s are -inf
-    probs = torch.exp(s - safe_lse[..., None])  # (B, H, tq, tk)
+    probs = s.sub_(safe_lse[..., None]).exp_()  # (B, H, tq, tk)
     B, H, tq, tk = probs.shape
     Hkv = k.shape[1]
     G = H // Hkv
@@ -121,10 +123,11 @@ def tile_backward(
     kept = probs if keep is None else probs * keep / (1.0 - dropout_p)
     # Sum over the G query heads that share each kv head, and over the tile's queries.
     dv = torch.einsum("bkgqt,bkgqd->bktd", kept.view(B, Hkv, G, tq, tk), do5)
+    del kept  # (a copy under dropout) free it before the next tile-sized buffer
     dp = torch.einsum("bkgqd,bktd->bkgqt", do5, v.to(acc)).reshape(B, H, tq, tk)
     if keep is not None:
-        dp = dp * keep / (1.0 - dropout_p)
-    ds = (probs * (dp - delta[..., None])).view(B, Hkv, G, tq, tk)
+        dp.mul_(keep).div_(1.0 - dropout_p)
+    ds = dp.sub_(delta[..., None]).mul_(probs).view(B, Hkv, G, tq, tk)
     dq = torch.einsum("bkgqt,bktd->bkgqd", ds, k.to(acc)).reshape(B, H, tq, -1) * scale
     dk = torch.einsum("bkgqt,bkgqd->bktd", ds, q5) * scale
     return dq, dk, dv
