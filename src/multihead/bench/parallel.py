@@ -2,11 +2,12 @@
 per-rank peak memory and time, against `attention()` on the whole sequence in one process.
 
 It starts the processes itself: gloo on CPU (loopback), or NCCL with one GPU per rank when there
-are enough GPUs. Memory: on CUDA, `torch.cuda.max_memory_allocated` above what was allocated
-before the call; on CPU, the peak total size of the storages that torch ops return while the call
-runs (a dispatch mode watches every op and frees are seen through weak references), which counts
-every tensor created, but not scratch memory that a single kernel allocates and frees inside.
-The inputs themselves are not counted. Time: the median over `repeats` calls of the slowest rank.
+are enough GPUs. Memory per rank: the rank's inputs (q, k, v) plus the peak of what the call
+creates: on CUDA, `torch.cuda.max_memory_allocated` above what was allocated before the call; on
+CPU, the peak total size of the storages that torch ops return while the call runs (a dispatch
+mode watches every op; frees are seen through weak references), which counts every tensor
+created but not scratch memory that a single kernel allocates and frees inside. Time: the median
+over `repeats` calls of the slowest rank.
 
 Shapes: each rank holds q (B, H, T/P, D), k and v (B, Hkv, T/P, D).
 """
@@ -107,6 +108,46 @@ def _timed(fns: dict, device: torch.device, repeats: int) -> dict[str, float]:
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def measure_rank(rank: int, world: int, device: torch.device, config: dict) -> list[dict]:
+    """This rank's part of the benchmark in an initialised process group of `world` ranks: one
+    row per sequence length (times and peak bytes already reduced over the ranks)."""
+    B, H, Hkv, D = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
+    dtype = getattr(torch, config["dtype"])
+    grad = config["backward"]
+    rows = []
+    for T in config["seq_lens"]:
+        mine = layout_segments(T, world, config["layout"])[rank]
+        n = sum(s.length for s in mine)
+        torch.manual_seed(rank)
+        q = torch.randn(B, H, n, D, device=device, dtype=dtype, requires_grad=grad)
+        k = torch.randn(B, Hkv, n, D, device=device, dtype=dtype, requires_grad=grad)
+        v = torch.randn(B, Hkv, n, D, device=device, dtype=dtype, requires_grad=grad)
+
+        def ring(q=q, k=k, v=v):
+            out = ring_attention(q, k, v, causal=config["causal"], layout=config["layout"],
+                                 block_size=config["block_size"])  # fmt: skip
+            if grad:
+                out.sum().backward()
+
+        def whole(q=q, k=k, v=v):
+            out = attention(q, k, v, causal=config["causal"])
+            if grad:
+                out.sum().backward()
+
+        held = sum(t.numel() * t.element_size() for t in (q, k, v))
+        # In a world of one, attention() on the same (whole) sequence runs side by side.
+        fns = {"ring": ring, "attention": whole} if world == 1 else {"ring": ring}
+        row: dict = {"T": T, "P": world}
+        for name, seconds in _timed(fns, device, config["repeats"]).items():
+            # What the rank holds (its q, k, v) plus the peak of what the call creates.
+            nbytes = held + _peak_bytes(fns[name], device)
+            peak = torch.tensor([nbytes], device=device, dtype=torch.float64)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the largest rank
+            row[f"{name}_s"], row[f"{name}_bytes"] = seconds, int(peak)
+        rows.append(row)
+    return rows
+
+
 def _rank_main(rank: int, world: int, port: int, config: dict, results) -> None:
     use_cuda = config["backend"] == "nccl"
     if not use_cuda and sys.platform.startswith("linux"):
@@ -121,37 +162,9 @@ def _rank_main(rank: int, world: int, port: int, config: dict, results) -> None:
         config["backend"], store=store, rank=rank, world_size=world, timeout=timeout
     )
     try:
-        B, H, Hkv, D = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
-        dtype = getattr(torch, config["dtype"])
-        grad = config["backward"]
-        for T in config["seq_lens"]:
-            mine = layout_segments(T, world, config["layout"])[rank]
-            n = sum(s.length for s in mine)
-            torch.manual_seed(rank)
-            q = torch.randn(B, H, n, D, device=device, dtype=dtype, requires_grad=grad)
-            k = torch.randn(B, Hkv, n, D, device=device, dtype=dtype, requires_grad=grad)
-            v = torch.randn(B, Hkv, n, D, device=device, dtype=dtype, requires_grad=grad)
-
-            def ring(q=q, k=k, v=v):
-                out = ring_attention(q, k, v, causal=config["causal"], layout=config["layout"],
-                                     block_size=config["block_size"])  # fmt: skip
-                if grad:
-                    out.sum().backward()
-
-            def whole(q=q, k=k, v=v):
-                out = attention(q, k, v, causal=config["causal"])
-                if grad:
-                    out.sum().backward()
-
-            # In a world of one, attention() on the same (whole) sequence runs side by side.
-            fns = {"ring": ring, "attention": whole} if world == 1 else {"ring": ring}
-            row: dict = {"T": T, "P": world}
-            for name, seconds in _timed(fns, device, config["repeats"]).items():
-                nbytes = _peak_bytes(fns[name], device)
-                peak = torch.tensor([nbytes], device=device, dtype=torch.float64)
-                dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the largest rank
-                row[f"{name}_s"], row[f"{name}_bytes"] = seconds, int(peak)
-            if rank == 0:
+        rows = measure_rank(rank, world, device, config)
+        if rank == 0:
+            for row in rows:
                 results.put(row)
         dist.barrier()  # no rank tears the group down while another still uses it
     finally:
@@ -211,20 +224,21 @@ def run(
     CPU. A world of P = 1 also times `attention()` on the whole sequence (the peer).
     """
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= max(world_sizes)
-    cores = os.cpu_count() or 1
     rows: list[dict] = []
+    config = dict(
+        backend="nccl" if use_cuda else "gloo", seq_lens=list(seq_lens), batch=batch,
+        heads=heads, kv_heads=kv_heads or heads, head_dim=head_dim, causal=causal,
+        layout=layout, backward=backward, block_size=block_size, dtype=dtype,
+        repeats=repeats, threads=threads,
+    )  # fmt: skip
     for world in world_sizes:
-        config = dict(
-            backend="nccl" if use_cuda else "gloo", seq_lens=list(seq_lens), batch=batch,
-            heads=heads, kv_heads=kv_heads or heads, head_dim=head_dim, causal=causal,
-            layout=layout, backward=backward, block_size=block_size, dtype=dtype,
-            repeats=repeats, threads=threads,
-        )  # fmt: skip
         rows += _run_world(world, config)
-    return _table(rows, use_cuda=use_cuda, config=config, threads=threads, cores=cores)
+    return format_rows(rows, config)
 
 
-def _table(rows: list[dict], *, use_cuda: bool, config: dict, threads, cores: int) -> str:
+def format_rows(rows: list[dict], config: dict) -> str:
+    """The table of `measure_rank` rows from every world, with a header saying what ran."""
+    use_cuda = config["backend"] == "nccl"
     peer = {r["T"]: r for r in rows if "attention_s" in r}
     mib = 2**20
     lines = []
@@ -232,8 +246,8 @@ def _table(rows: list[dict], *, use_cuda: bool, config: dict, threads, cores: in
         base = peer.get(r["T"])
         lines.append([
             str(r["T"]), str(r["P"]), str(r["T"] // r["P"]),
-            f"{r['ring_bytes'] / mib:.1f}",
-            f"{base['attention_bytes'] / mib:.1f}" if base else "-",
+            f"{r['ring_bytes'] / mib:.2f}",
+            f"{base['attention_bytes'] / mib:.2f}" if base else "-",
             f"{r['ring_s'] * 1e3:.1f}",
             f"{base['attention_s'] * 1e3:.1f}" if base else "-",
             f"{r['ring_s'] / base['attention_s']:.2f}" if base else "-",
@@ -242,13 +256,14 @@ def _table(rows: list[dict], *, use_cuda: bool, config: dict, threads, cores: in
                "ring / attention()"]  # fmt: skip
     device = torch.cuda.get_device_name(0) if use_cuda else "cpu"
     where = "cuda max_memory_allocated" if use_cuda else "peak bytes of live tensors created"
+    where = f"q, k, v held + {where}"
     pass_ = "forward + backward" if config["backward"] else "forward"
     head = (
         f"ring attention ({pass_}, causal={config['causal']}, layout={config['layout']}, "
         f"B={config['batch']} H={config['heads']} Hkv={config['kv_heads']} "
         f"D={config['head_dim']} {config['dtype']}, block_size={config['block_size']})\n"
         f"torch {torch.__version__} | {config['backend']} on {device} | threads per rank: "
-        f"{threads} ({cores} cores) | memory: {where}, per rank, inputs excluded | "
+        f"{config['threads']} ({os.cpu_count()} cores) | memory: {where}, per rank | "
         f"time: median of {config['repeats']}, slowest rank"
     )
     return head + "\n" + format_table(headers, lines, left=())
