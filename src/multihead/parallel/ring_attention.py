@@ -42,8 +42,9 @@ def ring_attention(
 
     Every rank of `group` (None: the default group) calls this with its own chunk of the sequence
     (see `shard_sequence`): q `(B, H, T_r, D)`, k `(B, Hkv, T_r, D)`, v `(B, Hkv, T_r, Dv)`, where
-    `Hkv` divides `H` (grouped-query attention). No rank holds more than one other rank's keys
-    at a time, nor any `T x T` tensor: per-rank memory is O(T / P) plus one tile's scores.
+    `Hkv` divides `H` (grouped-query attention). A rank holds at most two other ranks' key /
+    value blocks at a time (the one it works on and the one arriving) and never a `T x T`
+    tensor: per-rank memory is O(T / P) plus one tile's scores.
 
     Args:
         causal: query at global position i sees keys 0 .. i (attention()'s alignment for
