@@ -118,13 +118,17 @@ def run_with_hooks(
 
 
 class ActivationCache(Mapping[str, Tensor]):
-    """Activations by hook name; `cache["pattern", 1]` is TransformerLens' shorthand."""
+    """Activations by hook name; `cache["pattern", 1]` and `cache["embed"]` are TransformerLens'
+    shorthands."""
 
     def __init__(self, store: dict[str, Tensor]) -> None:
         self._store = store
 
     def _key(self, key: str | tuple) -> str:
-        return act_name(*key) if isinstance(key, tuple) else key
+        if isinstance(key, tuple):
+            return act_name(*key)
+        # "embed", "pos_embed", "normalized": TransformerLens' short names of model-level points
+        return key if key in self._store else act_name(key)
 
     def __getitem__(self, key: str | tuple) -> Tensor:
         name = self._key(key)
