@@ -239,6 +239,10 @@ def test_errors_name_the_hook_point():
         run_with_cache(model, ids, names="blocks.0.attn.hook_patern")
     with pytest.raises(ValueError, match=r"hook on blocks.1.attn.hook_z returned \(2, 7, 4\)"):
         run_with_hooks(model, ids, fwd_hooks=[(act_name("z", 1), lambda z, n: z[..., 0])])
+    with pytest.raises(
+        ValueError, match=r"returned torch.float64 on cpu.*\(torch.float32 on cpu\)"
+    ):
+        run_with_hooks(model, ids, fwd_hooks=[(act_name("z", 1), lambda z, n: z.double())])
     with pytest.raises(TypeError, match="fwd_hooks holds"):
         run_with_hooks(model, ids, fwd_hooks=[("blocks.0.attn.hook_z",)])
     with pytest.raises(TypeError, match="hook names must be strings"):

@@ -110,6 +110,12 @@ class ModuleHooks:
                         f"hook on {full} returned {got}; a replacement must be a tensor of the "
                         f"activation's shape {tuple(tensor.shape)} (return None to only read)"
                     )
+                if out.dtype != tensor.dtype or out.device != tensor.device:
+                    raise ValueError(
+                        f"hook on {full} returned {out.dtype} on {out.device}; a replacement "
+                        f"must have the activation's dtype and device ({tensor.dtype} on "
+                        f"{tensor.device})"
+                    )
                 tensor = out
         return tensor
 
