@@ -311,3 +311,39 @@ def test_no_hooks_keep_the_fused_path_and_asking_costs_only_what_is_asked(monkey
             priority=original.priority,
             replace=True,
         )
+
+
+def test_context_managers_refuse_a_compiled_model():
+    """Calls of a compiled model inside the block would run its hook-free graphs: refused, where
+    run_with_cache / run_with_hooks run the eager module themselves."""
+    from multihead.interpret import ablate, capture, head_gates
+
+    model = lm()
+    compiled = torch.compile(model, backend="eager")
+    ids = torch.randint(0, V, (B, T))
+    for opening in (
+        lambda: hooks(compiled, [("blocks.0.attn.hook_z", lambda z, n: None)]),
+        lambda: head_gates(compiled, torch.ones(2, 4)),
+        lambda: capture(compiled),
+        lambda: ablate(compiled, [(0, 1)]),
+    ):
+        with pytest.raises(TypeError, match=r"torch.compile.*model._orig_mod"):
+            opening().__enter__()
+    seen = []
+    run_with_hooks(compiled, ids, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, n: seen.append(n))])
+    assert seen == ["blocks.0.attn.hook_z"]
+
+
+def test_a_replaced_pattern_is_used_as_given():
+    """Weight a replaced pattern puts on a blocked (future) key is applied, as asked."""
+    model = lm()
+    ids = torch.randint(0, V, (B, T))
+    last = torch.zeros(T, T)
+    last[:, -1] = 1  # every query attends to the last token only
+
+    def to_last(pattern, name):
+        return last.expand_as(pattern).clone()
+
+    with torch.no_grad(), hooks(model, [(act_name("pattern", 0), to_last)]):
+        _, c = run_with_cache(model, ids, names=lambda n: n.startswith("blocks.0.attn"))
+    torch.testing.assert_close(c["z", 0], c["v", 0][:, -1:].expand(B, T, 4, 6))
