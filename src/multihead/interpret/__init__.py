@@ -1,6 +1,7 @@
-"""See what every head does: hook points, caches, patching, capture, head gates, metrics,
-importance and reports."""
+"""See what every head does: hook points, caches, ablation, patching, the logit lens, direct
+logit attribution, capture, head gates, metrics, importance and reports."""
 
+from .ablation import ablate, mean_ablation, resample_ablation, zero_ablation
 from .capture import AttentionRecord, Records, capture
 from .gates import head_gates
 from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
@@ -10,12 +11,16 @@ __all__ = [
     "ActivationCache",
     "AttentionRecord",
     "Records",
+    "ablate",
     "act_name",
     "attention_modules",
     "capture",
     "head_gates",
     "hook_names",
     "hooks",
+    "mean_ablation",
+    "resample_ablation",
     "run_with_cache",
     "run_with_hooks",
+    "zero_ablation",
 ]
