@@ -5,11 +5,13 @@ from .ablation import ablate, mean_ablation, resample_ablation, zero_ablation
 from .capture import AttentionRecord, Records, capture
 from .gates import head_gates
 from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
+from .patching import PatchResult, patch
 from .scope import attention_modules
 
 __all__ = [
     "ActivationCache",
     "AttentionRecord",
+    "PatchResult",
     "Records",
     "ablate",
     "act_name",
@@ -19,6 +21,7 @@ __all__ = [
     "hook_names",
     "hooks",
     "mean_ablation",
+    "patch",
     "resample_ablation",
     "run_with_cache",
     "run_with_hooks",
