@@ -5,12 +5,14 @@ from .ablation import ablate, mean_ablation, resample_ablation, zero_ablation
 from .capture import AttentionRecord, Records, capture
 from .gates import head_gates
 from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
+from .lens import LensResult, logit_lens
 from .patching import PatchResult, patch
 from .scope import attention_modules
 
 __all__ = [
     "ActivationCache",
     "AttentionRecord",
+    "LensResult",
     "PatchResult",
     "Records",
     "ablate",
@@ -20,6 +22,7 @@ __all__ = [
     "head_gates",
     "hook_names",
     "hooks",
+    "logit_lens",
     "mean_ablation",
     "patch",
     "resample_ablation",
