@@ -2,6 +2,7 @@
 logit attribution, capture, head gates, metrics, importance and reports."""
 
 from .ablation import ablate, mean_ablation, resample_ablation, zero_ablation
+from .attribution import Attribution, direct_logit_attribution
 from .capture import AttentionRecord, Records, capture
 from .gates import head_gates
 from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
@@ -12,6 +13,7 @@ from .scope import attention_modules
 __all__ = [
     "ActivationCache",
     "AttentionRecord",
+    "Attribution",
     "LensResult",
     "PatchResult",
     "Records",
@@ -19,6 +21,7 @@ __all__ = [
     "act_name",
     "attention_modules",
     "capture",
+    "direct_logit_attribution",
     "head_gates",
     "hook_names",
     "hooks",
