@@ -127,6 +127,9 @@ def test_names_are_listed_in_the_order_they_fire():
     assert [n for n in hook_names(learned) if "rot_" not in n] == fired
     assert fired[:3] == ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
     assert fired[-1] == "ln_final.hook_normalized"
+    _, default = run_with_cache(learned, ids)  # hook_result only when asked by name
+    assert list(default) == [n for n in fired if not n.endswith("hook_result")]
+    assert default.stack("pattern").shape == (2, B, 4, T, T)
     assert act_name("pattern", 1) == "blocks.1.attn.hook_pattern"
     assert act_name("resid_post", 0) == "blocks.0.hook_resid_post"
     assert act_name("z", 2, "cross_attn") == "blocks.2.cross_attn.hook_z"
