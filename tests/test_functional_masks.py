@@ -33,11 +33,10 @@ def test_sliding_window():
         masks.sliding_window(3, 3, 0)
 
 
-def test_padding_and_key_mask():
+def test_padding():
     m = masks.padding([2, 0, 3])
     assert m.tolist() == [[True, True, False], [False, False, False], [True, True, True]]
     assert masks.padding(torch.tensor([1]), max_len=3).tolist() == [[True, False, False]]
-    assert masks.key_mask_to_mask(m).shape == (3, 1, 1, 3)
     with pytest.raises(ValueError, match=r"max_len"):
         masks.padding([4], max_len=2)
     with pytest.raises(ValueError, match=r"non-negative"):

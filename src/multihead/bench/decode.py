@@ -76,7 +76,7 @@ def run(*, batches=(1, 8), prompt_len: int = 128, new: int = 256, repeats: int =
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise SystemExit(
+        raise ImportError(
             "multihead bench decode compares against transformers: pip install 'multihead[bench]'"
         ) from None
     layers, dim, heads, vocab = 12, 768, 12, 50257

@@ -18,7 +18,7 @@ from ..functional import masks
 from ..functional.call import make_call
 from ..hook_points import ModuleHooks, hooks_for
 from ..modules.attend import ATTENTION_HOOK_POINTS, attend, head_results
-from ..modules.projections import PackedWeights, project_packed
+from ..modules.projections import PackedWeights, heads_first, project_packed
 from .checks import check_forward
 
 
@@ -195,30 +195,20 @@ class MultiheadAttention(nn.MultiheadAttention):
             merged = out.permute(2, 0, 1, 3).reshape(T, B, self.embed_dim)
         return F.linear(merged, weight, bias)
 
-    def _heads(self, x: Tensor, batch_first: bool) -> Tensor:
-        """(B, T, E) or (T, B, E) -> (B, H, T, D), a view."""
-        H, D = self.num_heads, self.head_dim
-        if batch_first:
-            B, T, _ = x.shape
-            return x.view(B, T, H, D).transpose(1, 2)
-        T, B, _ = x.shape
-        return x.view(T, B, H, D).permute(1, 2, 0, 3)
-
     def _project(
         self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, batch_first: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Inputs -> q, k, v as (B, H, T, D) views of the projections."""
         w, b = self.in_proj_weight, self.in_proj_bias
-        E = self.embed_dim
+        H = self.num_heads
         if self._qkv_same_embed_dim:
             packed = PackedWeights(w, b, lambda x: F.linear(x, w, b))
-            q, k, v = project_packed(packed, (E, E, E), query, key, value, self_attention)
-        else:
-            bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
-            q = F.linear(query, self.q_proj_weight, bq)
-            k = F.linear(key, self.k_proj_weight, bk)
-            v = F.linear(value, self.v_proj_weight, bv)
-        return self._heads(q, batch_first), self._heads(k, batch_first), self._heads(v, batch_first)
+            return project_packed(packed, (H, H), query, key, value, self_attention, batch_first)
+        bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
+        q = F.linear(query, self.q_proj_weight, bq)
+        k = F.linear(key, self.k_proj_weight, bk)
+        v = F.linear(value, self.v_proj_weight, bv)
+        return tuple(heads_first(t, H, batch_first) for t in (q, k, v))  # type: ignore[return-value]
 
     def _append_extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int]:
         """Append bias_k/bias_v and then a zero key/value, as torch does: (B, H, S', D)."""

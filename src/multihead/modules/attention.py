@@ -28,10 +28,12 @@ from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, WEIGHT_POINTS, at
 from .attention_inputs import Inputs, batch_inputs, check_key_mask, check_positions
 from .projections import (
     PackedWeights,
+    heads_first,
     linear,
     packed_key_value,
     packed_query,
     project_packed,
+    split_fused,
 )
 
 
@@ -172,6 +174,7 @@ class MultiHeadAttention(nn.Module):
         if lengths is not None:
             self._refuse_with_lengths(key, value, mask, key_mask, cache, positions, return_weights)
             return self._forward_packed(query, VarLen.of(lengths), causal, hooks)
+        weight = self.out_proj.weight
         if (
             key is None
             and value is None
@@ -180,8 +183,8 @@ class MultiHeadAttention(nn.Module):
             and isinstance(query, Tensor)
             and query.dim() == 3
             and query.shape[-1] == self.embed_dim
-            and query.dtype == self.out_proj.weight.dtype
-            and query.device == self.out_proj.weight.device
+            and query.dtype == weight.dtype
+            and query.device == weight.device
         ):
             # The hot path (batched self-attention, no key mask, no cache) needs no more checks.
             x = Inputs(query, None, None, None, True, False)
@@ -213,45 +216,42 @@ class MultiHeadAttention(nn.Module):
 
     # -- step 1: projections ------------------------------------------------------------------
 
-    def _heads(self, x: Tensor, heads: int) -> Tensor:
-        B, T, width = x.shape
-        return x.view(B, T, heads, width // heads).transpose(1, 2)  # (B, T, n*D) -> (B, n, T, D)
+    def _run_in_proj(self, x: Tensor) -> Tensor:
+        return linear(self.in_proj, x)
 
     def _packed(self) -> PackedWeights:
-        return PackedWeights(
-            self.in_proj.weight, self.in_proj.bias, lambda t: linear(self.in_proj, t)
-        )
+        return PackedWeights(self.in_proj.weight, self.in_proj.bias, self._run_in_proj)
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool):
         """Inputs -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D)."""
-        if self.packed:
-            q, k, v = project_packed(
-                self._packed(), self._widths, query, key, value, self_attention
-            )
-        else:
+        H, Hkv = self.num_heads, self.num_kv_heads
+        if not self.packed:
             q, k, v = (
                 linear(self.q_proj, query),
                 linear(self.k_proj, key),
                 linear(self.v_proj, value),
             )
-        H, Hkv = self.num_heads, self.num_kv_heads
-        return self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
+            return heads_first(q, H), heads_first(k, Hkv), heads_first(v, Hkv)
+        if self_attention:  # the hot path: one fused matmul, viewed per head, then split
+            q, k, v = split_fused(linear(self.in_proj, query), (H, Hkv, Hkv))
+            return q, k, v
+        return project_packed(self._packed(), (H, Hkv), query, key, value, False)
 
     def _project_query(self, query: Tensor) -> Tensor:
         """query (B, Tq, C) -> q (B, H, Tq, D), without touching the key/value rows."""
+        H = self.num_heads
         if self.packed:
-            q = packed_query(self._packed(), self._widths[0], query)
-        else:
-            q = linear(self.q_proj, query)
-        return self._heads(q, self.num_heads)
+            return heads_first(packed_query(self._packed(), (H, self.num_kv_heads), query), H)
+        return heads_first(linear(self.q_proj, query), H)
 
     def _project_key_value(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """key (B, Tk, kdim), value (B, Tk, vdim) -> k, v (B, Hkv, Tk, D)."""
+        Hkv = self.num_kv_heads
         if self.packed:
-            k, v = packed_key_value(self._packed(), self._widths, key, value)
-        else:
-            k, v = linear(self.k_proj, key), linear(self.v_proj, value)
-        return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+            return packed_key_value(self._packed(), (self.num_heads, Hkv), key, value)
+        return heads_first(linear(self.k_proj, key), Hkv), heads_first(
+            linear(self.v_proj, value), Hkv
+        )
 
     # -- step 2: queries and the keys they attend to ------------------------------------------
 

@@ -2,12 +2,14 @@
 `torch.nn.MultiheadAttention` drop-in.
 
 Two weight layouts:
-- packed: one (Wq | Wk | Wv) matrix of shape (q_width + 2 * kv_width, C), rows ordered q, k, v:
+- packed: one (Wq | Wk | Wv) matrix of shape ((H + 2 Hkv) D, C), rows ordered q, k, v:
   self-attention is one fused matmul; cross-attention uses row slices (views, no copy), and one
   matmul for k and v together when key and value are the same tensor;
 - separate: three projections (kdim / vdim other than the query width).
 
-Outputs keep the inputs' layout: (B, T, width) or (T, B, width); the caller splits heads.
+Inputs are (B, T, C) (`batch_first`) or (T, B, C); outputs are heads-first (B, n, T, D) views.
+A fused output is viewed per head *before* it is split: views of the pieces of a split (a
+multi-output view) cost several times more per call, which shows at small shapes.
 """
 
 from __future__ import annotations
@@ -23,83 +25,105 @@ Projection = Callable[[Tensor], Tensor]
 
 
 def _plain(layer: nn.Module) -> bool:
-    """An nn.Linear whose forward is exactly F.linear on plain tensors: no hooks of its own, no
-    global module hooks, no tensor subclass (DTensor) weight."""
+    """An nn.Linear (or a subclass keeping its forward) that is exactly F.linear on plain
+    tensors: no hooks of its own, no global module hooks, no tensor-subclass (DTensor) weight."""
     return (
-        type(layer) is nn.Linear
+        type(layer).forward is nn.Linear.forward
         and not layer._forward_hooks
         and not layer._forward_pre_hooks
         and not _module._global_forward_hooks
         and not _module._global_forward_pre_hooks
-        and type(layer.weight) is nn.Parameter
+        and type(layer._parameters["weight"]) is nn.Parameter
     )
 
 
 def linear(layer: nn.Module, x: Tensor) -> Tensor:
     """`layer(x)`, minus Module.__call__ when that adds nothing (~7 us per call, a sixth of a
     whole attention layer at small shapes). Layers with hooks, sharded (DTensor) weights or
-    another type (LoRA, quantized) run through their own `__call__`, so hooks fire and torch's
-    tensor-parallel styles apply."""
+    another forward (LoRA, quantized) run through their own `__call__`, so hooks fire and
+    torch's tensor-parallel styles apply."""
     if _plain(layer):
-        return F.linear(x, layer.weight, layer.bias)  # type: ignore[arg-type]
+        params = layer._parameters
+        return F.linear(x, params["weight"], params["bias"])  # type: ignore[arg-type]
     return layer(x)
 
 
+def heads_first(x: Tensor, heads: int, batch_first: bool = True) -> Tensor:
+    """(B, T, n * D) -> (B, n, T, D), or from (T, B, n * D) with `batch_first=False`; a view."""
+    if batch_first:
+        B, T, width = x.shape
+        return x.view(B, T, heads, width // heads).transpose(1, 2)
+    T, B, width = x.shape
+    return x.view(T, B, heads, width // heads).permute(1, 2, 0, 3)
+
+
+def split_fused(x: Tensor, heads: tuple[int, ...], batch_first: bool = True) -> tuple[Tensor, ...]:
+    """A fused projection (B, T, sum(heads) * D) -> one heads-first (B, n, T, D) view per entry
+    of `heads` (e.g. (H, Hkv, Hkv) for q, k, v)."""
+    return tuple(heads_first(x, sum(heads), batch_first).split_with_sizes(heads, dim=1))
+
+
 class PackedWeights(NamedTuple):
-    """A packed (q | k | v) projection: `weight` (q_width + 2 kv_width, C), `bias` or None.
-    `fused(x)` runs the whole projection (for self-attention) and may go through a module."""
+    """A packed (q | k | v) projection: `weight` ((H + 2 Hkv) D, C), `bias` or None, and
+    `fused(x)`, the whole projection (for self-attention; it may go through a module)."""
 
     weight: Tensor
     bias: Tensor | None
     fused: Projection
 
 
-def packed_query(packed: PackedWeights, q_width: int, query: Tensor) -> Tensor:
-    """query (..., C) -> q (..., q_width) from the q rows of a packed weight (views)."""
-    bias = None if packed.bias is None else packed.bias[:q_width]
-    return F.linear(query, packed.weight[:q_width], bias)
-
-
-def packed_key_value(
-    packed: PackedWeights, widths: tuple[int, int, int], key: Tensor, value: Tensor
-) -> tuple[Tensor, Tensor]:
-    """key, value (..., C) -> k, v (..., kv_width) from the k and v rows of a packed weight."""
-    q_width = widths[0]
-    weight, bias = packed.weight, packed.bias
-    if key is value:
-        # The k and v rows are adjacent in the packed weight: one matmul for both.
-        kv = F.linear(key, weight[q_width:], None if bias is None else bias[q_width:])
-        k, v = kv.split(widths[1:], dim=-1)
-        return k, v
-    _, wk, wv = weight.split(widths)
-    bk, bv = (None, None) if bias is None else bias.split(widths)[1:]
-    return F.linear(key, wk, bk), F.linear(value, wv, bv)
-
-
 def project_packed(
     packed: PackedWeights,
-    widths: tuple[int, int, int],
+    heads: tuple[int, int],
     query: Tensor,
     key: Tensor,
     value: Tensor,
     self_attention: bool,
+    batch_first: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(..., C) inputs -> q (..., q_width), k and v (..., kv_width) with a packed weight."""
+    """Inputs (..., C) -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D) with a packed weight;
+    `heads` = (H, Hkv)."""
+    H, Hkv = heads
     if self_attention:
-        qkv = packed.fused(query)  # (..., q_width + 2 kv_width): one fused matmul
-        q, k, v = qkv.split(widths, dim=-1)
+        q, k, v = split_fused(packed.fused(query), (H, Hkv, Hkv), batch_first)
         return q, k, v
-    q = packed_query(packed, widths[0], query)
-    k, v = packed_key_value(packed, widths, key, value)
+    q = heads_first(packed_query(packed, heads, query), H, batch_first)
+    k, v = packed_key_value(packed, heads, key, value, batch_first)
     return q, k, v
 
 
-def project_separate(
-    projections: tuple[Projection, Projection, Projection],
-    query: Tensor,
+def _rows(packed: PackedWeights, heads: tuple[int, int]) -> tuple[int, int]:
+    """(q rows, kv rows) of a packed weight holding H query and 2 Hkv key/value heads."""
+    H, Hkv = heads
+    head_dim = packed.weight.shape[0] // (H + 2 * Hkv)
+    return H * head_dim, Hkv * head_dim
+
+
+def packed_query(packed: PackedWeights, heads: tuple[int, int], query: Tensor) -> Tensor:
+    """query (..., C) -> q (..., H * D) from the q rows of a packed weight (views)."""
+    q_rows, _ = _rows(packed, heads)
+    bias = None if packed.bias is None else packed.bias[:q_rows]
+    return F.linear(query, packed.weight[:q_rows], bias)
+
+
+def packed_key_value(
+    packed: PackedWeights,
+    heads: tuple[int, int],
     key: Tensor,
     value: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(..., C), (..., kdim), (..., vdim) -> q, k, v through three projections."""
-    q_proj, k_proj, v_proj = projections
-    return q_proj(query), k_proj(key), v_proj(value)
+    batch_first: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """key, value (..., C) -> k, v (B, Hkv, Tk, D) from the k and v rows of a packed weight."""
+    Hkv = heads[1]
+    q_rows, kv_rows = _rows(packed, heads)
+    weight, bias = packed.weight, packed.bias
+    if key is value:
+        # The k and v rows are adjacent in the packed weight: one matmul for both.
+        kv = F.linear(key, weight[q_rows:], None if bias is None else bias[q_rows:])
+        k, v = split_fused(kv, (Hkv, Hkv), batch_first)
+        return k, v
+    k_rows = slice(q_rows, q_rows + kv_rows)
+    v_rows = slice(q_rows + kv_rows, None)
+    k = F.linear(key, weight[k_rows], None if bias is None else bias[k_rows])
+    v = F.linear(value, weight[v_rows], None if bias is None else bias[v_rows])
+    return heads_first(k, Hkv, batch_first), heads_first(v, Hkv, batch_first)

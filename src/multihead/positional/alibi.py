@@ -68,7 +68,3 @@ class ALiBi(PositionScheme):
         """(1, H, Tq, Tk): -slope * |i - j| for query slot i and key slot j."""
         distance = (q_index[:, None] - k_index[None, :]).abs().to(torch.float32)  # (Tq, Tk)
         return -self.slopes.to(distance.device)[None, :, None, None] * distance
-
-    def bias_for(self, tq: int, tk: int, *, device=None) -> Tensor:
-        """(1, H, Tq, Tk), bottom-right aligned (the last query is the last key's position)."""
-        return alibi_bias(self.slopes, tq, tk, device=device)
