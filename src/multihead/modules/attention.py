@@ -24,7 +24,7 @@ from ..functional.masks import combine
 from ..functional.varlen import VarLen, varlen_dispatch
 from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
-from .attend import ATTENTION_HOOK_POINTS, WEIGHT_POINTS, attend, head_results
+from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, WEIGHT_POINTS, attend, head_results
 from .attention_inputs import Inputs, batch_inputs, check_key_mask, check_positions
 from .projections import (
     PackedWeights,
@@ -62,11 +62,11 @@ class MultiHeadAttention(nn.Module):
             bias), applied to self-attention; positions continue from a KV cache's length.
 
     Hook points (see `multihead.interpret`): hook_q, hook_k, hook_v (B, T, H or Hkv, D; before
-    rotation), hook_rot_q, hook_rot_k (after RoPE), hook_attn_scores, hook_pattern
+    rotation), hook_rot_q, hook_rot_k (after RoPE; only with it), hook_attn_scores, hook_pattern
     (B, H, Tq, Tk), hook_z (B, Tq, H, D), hook_result (B, Tq, H, C).
     """
 
-    hook_points = ATTENTION_HOOK_POINTS
+    hook_points: tuple[str, ...] = ATTENTION_HOOK_POINTS
 
     def __init__(
         self,
@@ -124,6 +124,8 @@ class MultiHeadAttention(nn.Module):
                     f"ALiBi, ...) or None, got {type(position).__name__}"
                 )
             position.check(num_heads, head_dim)
+            if position.uses_positions:
+                self.hook_points = ROTARY_HOOK_POINTS
         self.position = position
 
     def extra_repr(self) -> str:

@@ -39,6 +39,15 @@ CROSS_HOOK_POINTS = ("hook_cross_attn_out", "hook_resid_mid_cross")
 
 class TransformerBlock(nn.Module):
     hook_points: tuple[str, ...] = BLOCK_HOOK_POINTS
+    hook_order = (  # forward order, for hook_names
+        "hook_resid_pre",
+        "attn",
+        "hook_attn_out",
+        "hook_resid_mid",
+        "cross_attn",
+        "hook_cross_attn_out",
+        "hook_resid_mid_cross",
+    )
 
     def __init__(
         self,

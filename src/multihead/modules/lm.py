@@ -47,8 +47,9 @@ class CausalLM(nn.Module):
     blocks.{i}.* (see TransformerBlock and MultiHeadAttention), ln_final.hook_normalized.
     """
 
-    hook_points = ("hook_embed", "hook_pos_embed", "ln_final.hook_normalized")
+    hook_points: tuple[str, ...] = ("hook_embed", "hook_pos_embed", "ln_final.hook_normalized")
     hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
+    hook_order = ("hook_embed", "hook_pos_embed", "layers")  # then ln_final.hook_normalized
 
     def __init__(self, config: LMConfig, device=None, dtype=None) -> None:
         super().__init__()
@@ -63,6 +64,8 @@ class CausalLM(nn.Module):
             if config.position == "learned"
             else None
         )
+        if self.pos is None:  # RoPE / ALiBi: no position embedding to show
+            self.hook_points = ("hook_embed", "ln_final.hook_normalized")
         self.drop = nn.Dropout(config.dropout)
 
         def position() -> PositionScheme | None:
