@@ -196,7 +196,7 @@ def test_token_ids_are_checked(saved, model_type):
     vocab = enc.model.config.vocab_size
     ids = torch.full((2, 5), 7)
     with pytest.raises(
-        TypeError, match="input_ids must hold integer token ids, got dtype torch.float32"
+        TypeError, match=r"input_ids must hold integer token ids, got dtype torch\.float32"
     ):
         enc(ids.float())
     with pytest.raises(
@@ -233,3 +233,12 @@ def test_tokenizer_beyond_the_vocabulary_is_refused(saved, tmp_path):
         match=r"tokenizer produced token id \d+, outside the model's vocabulary \(50 ids\)",
     ):
         enc.encode(["the quick brown fox jumps over the lazy dog"])
+
+
+def test_special_ids(saved):
+    for model_type, expected in (("roberta", ([0], [2])), ("distilbert", ([2], [3]))):
+        enc = load_encoder(saved(model_type)[0] / "model")
+        assert enc.special_ids == expected
+        before, after = expected
+        ids = enc.tokenize(["the cat"])[0]
+        assert ids[:1] == before and ids[-1:] == after

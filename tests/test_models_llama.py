@@ -130,7 +130,13 @@ def test_kv_cache_decoding_equals_full_forward(saved, name):
 
 def test_config_fields_reach_the_model(saved):
     c = load_causal_lm(saved("llama-head-dim-biases")).config
-    assert (c.head_dim, c.qkv_bias, c.out_bias, c.mlp_bias, c.norm_eps) == (16, True, True, True, 1e-5)
+    assert (c.head_dim, c.qkv_bias, c.out_bias, c.mlp_bias, c.norm_eps) == (
+        16,
+        True,
+        True,
+        True,
+        1e-5,
+    )
     m = load_causal_lm(saved("llama-mqa-tied"))
     assert m.head.weight is m.tok.weight and m.attention(0).num_kv_heads == 1
     q = load_causal_lm(saved("qwen2-window"))

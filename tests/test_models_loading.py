@@ -203,9 +203,9 @@ def test_integer_and_boolean_weights_are_refused(llama, tmp_path, dtype):
 
 
 def test_bad_dtype_and_device_arguments(llama):
-    with pytest.raises(TypeError, match="dtype must be None or a floating torch.dtype"):
+    with pytest.raises(TypeError, match=r"dtype must be None or a floating torch\.dtype"):
         load_causal_lm(llama, dtype=torch.int32)
-    with pytest.raises(TypeError, match="dtype must be None or a floating torch.dtype"):
+    with pytest.raises(TypeError, match=r"dtype must be None or a floating torch\.dtype"):
         load_causal_lm(llama, dtype="float16")
     with pytest.raises(ValueError, match="device='meta' holds no weights"):
         load_causal_lm(llama, device="meta")

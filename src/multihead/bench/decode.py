@@ -109,9 +109,7 @@ def run(
         ours, hf = _checkpoint_models(model_dir)
         c = ours.config
         vocab = c.vocab_size
-        described = (
-            f"{model_dir} ({c.num_layers} x {c.num_heads} heads x {c.dim}, vocab {vocab})"
-        )
+        described = f"{model_dir} ({c.num_layers} x {c.num_heads} heads x {c.dim}, vocab {vocab})"
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())  # wte counted once
     bandwidth = read_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3

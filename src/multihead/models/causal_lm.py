@@ -8,10 +8,10 @@ import torch
 
 from ..modules.lm import CausalLM
 from .checkpoint import open_checkpoint, read_json
+from .fields import unsupported_architecture
 from .gpt2 import GPT2
 from .llama import LLAMA
 from .loading import Family, load_model
-from .fields import unsupported_architecture
 
 CAUSAL_LM_FAMILIES: dict[str, Family] = {
     "gpt2": GPT2,

@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -117,7 +118,7 @@ class SafetensorsCheckpoint(Checkpoint):
                     raise ValueError(f"{source}: tensor {name!r} appears in two shards")
                 infos[name], self._spans[name] = info, span
         super().__init__(source, infos)
-        self._handles: dict[Path, BinaryIO] = {}
+        self._handles: dict[Path, BufferedReader] = {}
 
     def read(self, name: str, out: Tensor | None = None) -> Tensor:
         info, span = self.infos[name], self._spans[name]
@@ -138,7 +139,8 @@ class SafetensorsCheckpoint(Checkpoint):
             if f is None:
                 f = self._handles[span.path] = open(span.path, "rb")  # noqa: SIM115
             f.seek(span.begin)
-            got = f.readinto(target.view(-1).view(torch.uint8).numpy())
+            buffer: Any = target.view(-1).view(torch.uint8).numpy()  # the tensor's own bytes
+            got = f.readinto(buffer)
             if got != size:
                 raise ValueError(_corrupted(span.path, f"tensor {name!r} is cut short"))
         if out is not None and not direct:
@@ -249,7 +251,9 @@ def _read_torch_bin(path: Path) -> StateDictCheckpoint:
                 raise
             state = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
     except Exception as e:  # torch raises many types for a bad pickle
-        raise ValueError(f"cannot read {str(path)!r}: corrupted or not a state dict ({e})") from None
+        raise ValueError(
+            f"cannot read {str(path)!r}: corrupted or not a state dict ({e})"
+        ) from None
     if not isinstance(state, dict):
         raise ValueError(f"{str(path)!r} does not hold a state dict")
     return StateDictCheckpoint(state, str(path))

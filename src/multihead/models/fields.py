@@ -80,9 +80,7 @@ class Fields:
     def refuse(self, key: str, allowed: Callable[[Any], bool], why: str) -> None:
         """ValueError when `key` is present and `allowed(value)` is false."""
         if key in self.config and not allowed(self.config[key]):
-            raise ValueError(
-                f"{self._where(key)} = {self.config[key]!r} is not supported: {why}"
-            )
+            raise ValueError(f"{self._where(key)} = {self.config[key]!r} is not supported: {why}")
 
 
 def unsupported_architecture(config: dict, loader: str, known: list[str]) -> ValueError:

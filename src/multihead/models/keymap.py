@@ -123,4 +123,3 @@ def plan_state_dict(
     if problems:
         raise ValueError("checkpoint does not match the model: " + " | ".join(problems))
     return plan
-

@@ -42,12 +42,12 @@ class Family:
     finish: Callable[[nn.Module], None] | None = None  # after the weights are in
 
 
-def check_dtype_and_device(dtype: object, device: object) -> torch.device:
+def check_dtype_and_device(dtype: object, device: torch.device | str | None) -> torch.device:
     if dtype is not None and dtype not in WEIGHT_DTYPES:
         known = ", ".join(describe_dtype(d) for d in WEIGHT_DTYPES)
         raise TypeError(f"dtype must be None or a floating torch.dtype ({known}), got {dtype!r}")
     try:
-        place = torch.device("cpu" if device is None else device)  # type: ignore[arg-type]
+        place = torch.device("cpu" if device is None else device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device must name a torch device, got {device!r} ({e})") from None
     if place.type == "meta":
@@ -101,8 +101,10 @@ def _materialize(
         checkpoint.read(names[key], out=rows if len(source.keys) == 1 else rows[start : start + n])
         start += n
     if not _all_finite(out):
-        cast = "" if all(checkpoint.infos[names[k]].dtype == dtype for k in source.keys) else (
-            f" after conversion to {describe_dtype(dtype)}"
+        cast = (
+            ""
+            if all(checkpoint.infos[names[k]].dtype == dtype for k in source.keys)
+            else (f" after conversion to {describe_dtype(dtype)}")
         )
         raise ValueError(
             f"{checkpoint.source}: {', '.join(names[k] for k in source.keys)} holds NaN or "

@@ -192,7 +192,9 @@ class CausalLM(nn.Module):
         dynamic_rope = self.config.rope_scaling is not None and (
             self.config.rope_scaling.kind == "dynamic"
         )
-        if self.config.position == "learned" or (self.config.position == "rope" and not dynamic_rope):
+        if self.config.position == "learned" or (
+            self.config.position == "rope" and not dynamic_rope
+        ):
             limit = self.config.max_positions
             if positions.numel() and int(positions.max()) >= limit:
                 last = int(positions.max())

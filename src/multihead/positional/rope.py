@@ -108,7 +108,7 @@ def dynamic_ntk_frequencies(
         head_dim / (head_dim - 2)
     )
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=length.device) / head_dim
-    return 1.0 / grown ** exponents
+    return 1.0 / grown**exponents
 
 
 def scaled_rope_frequencies(

@@ -91,6 +91,18 @@ class SentenceEncoder(nn.Module):
         limit = self.max_seq_length if max_seq_length is None else max_seq_length
         return encode_ids(self.tokenizer, texts, limit)
 
+    @property
+    def special_ids(self) -> tuple[list[int], list[int]]:
+        """The ids the tokenizer puts before and after every text: ([CLS], [SEP]) for BERT,
+        ([<s>], [</s>]) for RoBERTa, ([], []) for a tokenizer that adds none."""
+        inner = self.tokenizer.encode("a", add_special_tokens=False).ids
+        full = self.tokenizer.post_process(self.tokenizer.encode("a", add_special_tokens=False))
+        ids = full.ids
+        for i in range(len(ids) - len(inner) + 1):
+            if ids[i : i + len(inner)] == inner:
+                return ids[:i], ids[i + len(inner) :]
+        return [], []
+
     def batch(self, ids: list[list[int]]) -> tuple[Tensor, Tensor]:
         """Right-pad token ids to the longest: input_ids (B, T) and attention_mask (B, T)."""
         T = max(len(x) for x in ids)

@@ -15,7 +15,9 @@ def bert_key_map(config: BertConfig) -> list[Rule]:
         *Rule.same("embeddings.token_type_embeddings.weight"),
         *pair("embeddings.norm", "embeddings.LayerNorm"),
         # query, key and value rows stacked into one packed projection: one matmul per layer
-        *pair("layers.{i}.attn.in_proj", f"{layer}.attention.self", cat=(".query", ".key", ".value")),
+        *pair(
+            "layers.{i}.attn.in_proj", f"{layer}.attention.self", cat=(".query", ".key", ".value")
+        ),
         *pair("layers.{i}.attn.out_proj", f"{layer}.attention.output.dense"),
         *pair("layers.{i}.norm1", f"{layer}.attention.output.LayerNorm"),
         *pair("layers.{i}.ffn.fc1", f"{layer}.intermediate.dense"),

@@ -81,8 +81,7 @@ class BertEmbeddings(nn.Module):
         longest = input_ids.shape[1] if packed is None else max(packed.lengths, default=0)
         if longest > cfg.max_length:
             raise ValueError(
-                f"sequence length {longest} exceeds the position table ({cfg.max_length} "
-                "positions)"
+                f"sequence length {longest} exceeds the position table ({cfg.max_length} positions)"
             )
         check_token_ids(input_ids, "input_ids", cfg.vocab_size, "vocabulary")
         if cfg.position_style == "roberta":

@@ -91,7 +91,11 @@ def llama_family_config(config: dict) -> LMConfig:
     f = Fields(config, model_type)
     f.refuse("quantization_config", lambda v: not v, "quantized weights are not supported")
     f.choice("hidden_act", "silu", ("silu", "swish"))  # SwiGLU's gate
-    dim, heads, layers = f.int("hidden_size"), f.int("num_attention_heads"), f.int("num_hidden_layers")
+    dim, heads, layers = (
+        f.int("hidden_size"),
+        f.int("num_attention_heads"),
+        f.int("num_hidden_layers"),
+    )
     kv_heads = f.int("num_key_value_heads", kv_default or heads)
     if heads % kv_heads:
         raise ValueError(
