@@ -284,3 +284,15 @@ def test_peak_memory_is_the_checkpoint_not_twice(llama, tmp_path):
     )
     grown = int(run.stdout.split()[-1])
     assert grown < 1.15 * size, f"peak grew {grown / 2**20:.1f} MiB for {size / 2**20:.1f} MiB"
+
+
+def test_qwen2_windows_from_max_window_layers(tmp_path):
+    """Configs older than layer_types: the window applies from max_window_layers on."""
+    save_causal(tmp_path / "new", "qwen2-window")
+    cfg = json.loads((tmp_path / "new" / "config.json").read_text())
+    assert cfg["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]
+    old = copy_with(tmp_path / "new", tmp_path / "old", drop=["layer_types"])
+    a, b = load_causal_lm(tmp_path / "new"), load_causal_lm(old)
+    assert a.config == b.config and b.config.full_attention_layers == (0,)
+    off = copy_with(old, tmp_path / "off", config={"use_sliding_window": False})
+    assert load_causal_lm(off).config.sliding_window is None
