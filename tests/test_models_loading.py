@@ -296,3 +296,20 @@ def test_qwen2_windows_from_max_window_layers(tmp_path):
     assert a.config == b.config and b.config.full_attention_layers == (0,)
     off = copy_with(old, tmp_path / "off", config={"use_sliding_window": False})
     assert load_causal_lm(off).config.sliding_window is None
+
+
+def test_key_mismatches_are_named(llama, tmp_path):
+    weights = load_file(llama / "model.safetensors")
+    del weights["model.layers.1.mlp.down_proj.bias"]
+    weights["model.layers.0.self_attn.q_norm.weight"] = torch.ones(16)
+    weights["model.layers.0.self_attn.k_proj.weight"] = torch.ones(32, 47)
+    path = tmp_path / "m"
+    path.mkdir()
+    (path / "config.json").write_text((llama / "config.json").read_text())
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path)
+    message = str(err.value)
+    assert "missing from the checkpoint: layers.1.mlp.down_proj.bias" in message
+    assert "unexpected in the checkpoint: model.layers.0.self_attn.q_norm.weight" in message
+    assert "layers.0.attn.in_proj.weight: sources of shapes (64, 48), (32, 47), (32, 48)" in message

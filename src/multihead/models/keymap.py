@@ -74,13 +74,16 @@ def plan_state_dict(
     num_layers: int,
     expected: dict[str, Shape],
     ignored: tuple[str, ...] = (),
+    spelling: dict[str, str] | None = None,
 ) -> dict[str, Source]:
     """Our state_dict key -> its Source, from the checkpoint's names and shapes alone.
 
     `expected`: our keys and shapes. `ignored`: checkpoint keys that are not ours to load,
-    matched as prefixes or, when starting with '.', as suffixes. ValueError naming every
+    matched as prefixes or, when starting with '.', as suffixes. `spelling`: the checkpoint's
+    own name of each key (when the family renamed them), for messages. ValueError naming every
     mismatch.
     """
+    spell = spelling or {}
     plan: dict[str, Source] = {}
     used: set[str] = set()
     missing: list[str] = []
@@ -106,7 +109,7 @@ def plan_state_dict(
     prefixes = tuple(p for p in ignored if not p.startswith("."))
     suffixes = tuple(p for p in ignored if p.startswith("."))
     unexpected = sorted(
-        k
+        spell.get(k, k)
         for k in shapes
         if k not in used and not k.startswith(prefixes) and not k.endswith(suffixes)
     )

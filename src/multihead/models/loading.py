@@ -145,6 +145,7 @@ def load_model(
         num_layers=family.num_layers(config),
         expected=expected,
         ignored=family.ignored,
+        spelling=names,
     )
     chosen = dtype or _choose_dtype(plan, checkpoint, names)
     if dtype is not None:

@@ -1,7 +1,8 @@
-"""Find a model directory in the Hugging Face layout and read its files, offline.
+"""Find an encoder's model directory in the Hugging Face layout, offline.
 
-A model is a directory with config.json, model.safetensors (or pytorch_model.bin) and
-tokenizer.json, or a name that a Python package ships (nothing is downloaded at run time).
+A model is a directory with config.json, weights (model.safetensors, its shard index or
+pytorch_model.bin) and tokenizer.json, or a name that a Python package ships (nothing is
+downloaded at run time).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from ..models.checkpoint import WEIGHT_FILES, read_json
+from ..models.checkpoint import WEIGHT_FILES
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
@@ -57,6 +58,3 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
     if missing:
         raise FileNotFoundError(f"model directory {str(path)!r} lacks {', '.join(missing)}")
     return path
-
-
-__all__ = ["DEFAULT_MODEL", "PACKAGED_MODELS", "read_json", "resolve_model_dir"]
