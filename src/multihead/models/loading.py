@@ -147,9 +147,8 @@ def load_model(
         ignored=family.ignored,
         spelling=names,
     )
-    chosen = dtype or _choose_dtype(plan, checkpoint, names)
-    if dtype is not None:
-        _choose_dtype(plan, checkpoint, names)  # still refuses integer weights
+    stored = _choose_dtype(plan, checkpoint, names)  # also refuses integer weights
+    chosen = dtype or stored
     with checkpoint:
         state = {
             target: _materialize(target, source, checkpoint, names, chosen, place)
