@@ -45,10 +45,12 @@ def test_report_data_marks_the_causal_pattern(analysis):
 
 
 def test_the_cli_and_the_library_agree_on_model_types():
-    from multihead.cli.model_dir import ENCODER_TYPES
-    from multihead.interpret.subject import ENCODER_TYPES as LIBRARY_ENCODER_TYPES
+    from multihead.cli.model_dir import CAUSAL_LM_TYPES, ENCODER_TYPES
+    from multihead.interpret.subject import ENCODER_TYPES as SUBJECT_ENCODER_TYPES
+    from multihead.models import CAUSAL_LM_FAMILIES, ENCODER_FAMILIES
 
-    assert ENCODER_TYPES == LIBRARY_ENCODER_TYPES
+    assert set(ENCODER_TYPES) == set(SUBJECT_ENCODER_TYPES) == set(ENCODER_FAMILIES)
+    assert set(CAUSAL_LM_TYPES) == set(CAUSAL_LM_FAMILIES)
 
 
 def test_pooled_png_thumbnails_grey_only_blocks_wholly_above_the_diagonal():

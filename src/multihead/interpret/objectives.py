@@ -71,7 +71,7 @@ class EmbeddingObjective:
         for b in batches:
             ids, mask = b.input_ids.to(device), b.attention_mask.to(device)
             hidden = self.encoder(ids, mask).last_hidden_state
-            out.append(F.normalize(self.encoder.mean_pool(hidden, mask), dim=-1))
+            out.append(F.normalize(self.encoder.pool(hidden, mask), dim=-1))  # its own pooling
         return torch.cat(out).cpu()
 
     def ablation_effect(self, reference: Tensor, outputs: Tensor) -> float:

@@ -1,16 +1,20 @@
 """What `analyze`, importance, the reports and the CLI inspect: a model with its tokenizer behind
 one small interface, so none of them asks which kind of model it holds.
 
-  EncoderSubject   a `SentenceEncoder` (BERT family): bidirectional; its tokenizer's own
-                   [CLS] text [SEP]; importance through the sentence embedding.
-  CausalLMSubject  a `CausalLM` + its tokenizer.json: causal (only the lower triangle of a
-                   pattern means anything); BOS first where the model has one (the rule is in
-                   `multihead.pretrained.affixes`); importance through next-token loss.
+  EncoderSubject   a `SentenceEncoder` (BERT, RoBERTa, DistilBERT): bidirectional; its
+                   tokenizer's own [CLS] text [SEP]; importance through the sentence embedding.
+  CausalLMSubject  a `CausalLM` (GPT-2, Llama, Mistral, Qwen2) + its tokenizer.json: causal
+                   (only the lower triangle of a pattern means anything); BOS first where the
+                   model has one (the rule is in `multihead.pretrained.affixes`); importance
+                   through next-token loss.
 
 Shared rules: a text's special tokens are those its tokenizer (or the BOS rule) puts around it
 (and any literal [CLS]/<s>-style token inside); the sinks whose mass the "special" metric
-measures are those tokens, or the first token when there are none. `as_subject(x)` accepts a
-subject or a `SentenceEncoder`; `load_subject(path)` reads a model directory.
+measures are those tokens, or the first token when there are none. Tokens are shown as the
+vocabulary spells them for WordPiece ("##ing" marks a piece inside a word) and as the text they
+stand for otherwise (" quick" for byte-level "Ġquick" or SentencePiece "▁quick").
+`as_subject(x)` accepts a subject or a `SentenceEncoder`; `load_subject(path)` reads a model
+directory.
 """
 
 from __future__ import annotations
@@ -22,16 +26,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 from torch import nn
 
+from ..models import ENCODER_FAMILIES
 from ..modules.lm import CausalLM
-from ..pretrained.affixes import bos_token_id, causal_affixes, read_tokenizer, special_affixes
+from ..pretrained.affixes import bos_token_id, causal_affixes, read_tokenizer
 from ..pretrained.encoder import SentenceEncoder
 from .metrics import SPECIAL_TOKENS
 from .objectives import EmbeddingObjective, NextTokenObjective
 
-ENCODER_TYPES = ("bert",)  # config.json model_type values read by load_encoder
+ENCODER_TYPES = tuple(ENCODER_FAMILIES)  # config.json model_type values read by load_encoder
 CAUSAL_DEFAULT_TOKENS = 256  # a causal LM's default cut: reports stay small (MiniLM's length)
 
 
@@ -62,6 +67,7 @@ class Subject(ABC):
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self.prefix, self.suffix = list(prefix), list(suffix)
+        self._wordpiece = isinstance(self.tokenizer.model, models.WordPiece)
         literal = (tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
         self.special_ids = frozenset([*prefix, *suffix, *(i for i in literal if i is not None)])
         size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -107,8 +113,22 @@ class Subject(ABC):
         return EncodedText(ids, total, covered)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        """How each token is shown."""
-        return [self.tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
+        """How each token is shown: WordPiece tokens as spelled ("##s"); others as the text
+        they stand for, leading space included (a piece of a character keeps its raw form)."""
+        raw = [self.tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
+        if self._wordpiece:
+            return raw
+        # Decoders drop a leading space at the start of a text (SentencePiece's "▁the" -> "the"):
+        # decode each token after an "a" and cut the "a" off again.
+        out = []
+        anchor = self.tokenizer.token_to_id("a")
+        lead = self.tokenizer.decode([anchor]) if anchor is not None else ""
+        for i, spelled in zip(ids, raw, strict=True):
+            pair = [i] if anchor is None else [anchor, i]
+            text = self.tokenizer.decode(pair, skip_special_tokens=False)
+            text = text[len(lead) :] if text.startswith(lead) else text
+            out.append(spelled if not text or "\ufffd" in text else text)
+        return out
 
     def special_mask(self, ids: list[int]) -> list[bool]:
         return [i in self.special_ids for i in ids]
@@ -131,8 +151,16 @@ class Subject(ABC):
 
     def word_starts(self, tokens: list[str]) -> list[bool]:
         """Which tokens start a word (the report's "merge word pieces" joins the others to the
-        word before): WordPiece marks continuations with "##"."""
-        return [i == 0 or not t.startswith("##") for i, t in enumerate(tokens)]
+        word before): WordPiece marks continuations with "##"; other tokens carry their leading
+        space, so a token continues a word when it goes on from letters or digits."""
+        if self._wordpiece:
+            return [i == 0 or not t.startswith("##") for i, t in enumerate(tokens)]
+        starts = []
+        for i, t in enumerate(tokens):
+            before = tokens[i - 1] if i else ""
+            joins = bool(t) and t[0].isalnum() and bool(before) and before[-1].isalnum()
+            starts.append(i == 0 or not joins)
+        return starts
 
     # -- running ---------------------------------------------------------------------------
 
@@ -169,7 +197,7 @@ class EncoderSubject(Subject):
         self.vocab_size = config.vocab_size
         self.max_positions = encoder.max_position_limit
         self.default_tokens = encoder.max_seq_length
-        super().__init__(encoder.tokenizer, *special_affixes(encoder.tokenizer))
+        super().__init__(encoder.tokenizer, *encoder.special_ids)
         self.objective = EmbeddingObjective(encoder)
 
     def run(self, ids: list[int]) -> None:
@@ -208,31 +236,6 @@ class CausalLMSubject(Subject):
     def random_tokens(self, rng: random.Random, n: int) -> list[int]:
         return [rng.choice(self._ordinary) for _ in range(n)]
 
-    def token_strings(self, ids: list[int]) -> list[str]:
-        """Each token as the text it stands for (" quick", not byte-level "Ġquick"); a token
-        that is only part of a character keeps its raw form."""
-        # Decoders drop a leading space at the start of a text (SentencePiece's "▁the" -> "the"):
-        # decode each token after an "a" and cut the "a" off again.
-        out = []
-        anchor = self.tokenizer.token_to_id("a")
-        lead = self.tokenizer.decode([anchor]) if anchor is not None else ""
-        for i, raw in zip(ids, super().token_strings(ids), strict=True):
-            pair = [i] if anchor is None else [anchor, i]
-            text = self.tokenizer.decode(pair, skip_special_tokens=False)
-            text = text[len(lead) :] if text.startswith(lead) else text
-            out.append(raw if not text or "\ufffd" in text else text)
-        return out
-
-    def word_starts(self, tokens: list[str]) -> list[bool]:
-        """A token starts a word unless it continues letters or digits of the token before
-        (byte-level and SentencePiece tokens carry their leading space)."""
-        starts = []
-        for i, t in enumerate(tokens):
-            before = tokens[i - 1] if i else ""
-            joins = bool(t) and t[0].isalnum() and bool(before) and before[-1].isalnum()
-            starts.append(i == 0 or not joins)
-        return starts
-
 
 def as_subject(model: Any) -> Subject:
     """A subject as it is; a `SentenceEncoder` wrapped as an `EncoderSubject`. A bare CausalLM
@@ -252,17 +255,23 @@ def as_subject(model: Any) -> Subject:
     )
 
 
-def load_subject(path: str | Path) -> Subject:
+def load_subject(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Subject:
     """The inspectable model in a Hugging Face directory (config.json, weights, tokenizer.json):
     an encoder for model_type in ENCODER_TYPES, else a causal LM (`load_causal_lm` says which
-    model types it reads)."""
+    model types it reads). `dtype`, `device`: as the loaders take them."""
+    from ..models.checkpoint import read_json
     from ..pretrained import load_causal_lm, load_encoder
-    from ..pretrained.files import read_json, resolve_model_dir
+    from ..pretrained.files import resolve_model_dir
 
     model_dir = resolve_model_dir(path)
     config = read_json(model_dir / "config.json")
     if config.get("model_type") in ENCODER_TYPES:
-        return EncoderSubject(load_encoder(model_dir))
-    model = load_causal_lm(model_dir)
+        return EncoderSubject(load_encoder(model_dir, dtype=dtype, device=device))
+    model = load_causal_lm(model_dir, dtype=dtype, device=device)
     tokenizer = read_tokenizer(model_dir)
     return CausalLMSubject(model, tokenizer, bos_id=bos_token_id(tokenizer, config))

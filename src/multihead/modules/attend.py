@@ -26,12 +26,17 @@ ATTENTION_HOOK_POINTS = (
     "hook_q",
     "hook_k",
     "hook_v",
-    "hook_rot_q",
-    "hook_rot_k",
     "hook_attn_scores",
     "hook_pattern",
     "hook_z",
     "hook_result",
+)
+# q and k after rotation, where a position scheme rotates them (RoPE)
+ROTARY_HOOK_POINTS = (
+    *ATTENTION_HOOK_POINTS[:3],
+    "hook_rot_q",
+    "hook_rot_k",
+    *ATTENTION_HOOK_POINTS[3:],
 )
 
 

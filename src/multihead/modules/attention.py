@@ -24,7 +24,7 @@ from ..functional.masks import combine
 from ..functional.varlen import VarLen, varlen_dispatch
 from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
-from .attend import ATTENTION_HOOK_POINTS, WEIGHT_POINTS, attend, head_results
+from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, WEIGHT_POINTS, attend, head_results
 from .attention_inputs import Inputs, batch_inputs, check_key_mask, check_positions
 from .projections import (
     PackedWeights,
@@ -55,18 +55,19 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads Hkv (must divide H); defaults to H. 1 = multi-query.
         head_dim: width D of each head; defaults to `embed_dim // num_heads`.
         kdim, vdim: widths of the key and value inputs (cross-attention); default `embed_dim`.
-        bias: biases on the projections.
+        bias: biases on the q/k/v projections (and, by default, the output projection).
+        out_bias: bias on the output projection; defaults to `bias` (Qwen2: q/k/v only).
         dropout: dropout on the attention probabilities, in training mode only.
         causal: default for `forward(causal=...)`.
         position: a `PositionScheme` (`RotaryEmbedding` rotates q and k, `ALiBi` adds its
             bias), applied to self-attention; positions continue from a KV cache's length.
 
     Hook points (see `multihead.interpret`): hook_q, hook_k, hook_v (B, T, H or Hkv, D; before
-    rotation), hook_rot_q, hook_rot_k (after RoPE), hook_attn_scores, hook_pattern
+    rotation), hook_rot_q, hook_rot_k (after RoPE; only with it), hook_attn_scores, hook_pattern
     (B, H, Tq, Tk), hook_z (B, Tq, H, D), hook_result (B, Tq, H, C).
     """
 
-    hook_points = ATTENTION_HOOK_POINTS
+    hook_points: tuple[str, ...] = ATTENTION_HOOK_POINTS
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class MultiHeadAttention(nn.Module):
         kdim: int | None = None,
         vdim: int | None = None,
         bias: bool = True,
+        out_bias: bool | None = None,
         dropout: float = 0.0,
         causal: bool = False,
         position: PositionScheme | None = None,
@@ -115,7 +117,8 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(embed_dim, q_width, bias=bias, **factory)
             self.k_proj = nn.Linear(kdim, kv_width, bias=bias, **factory)
             self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
-        self.out_proj = nn.Linear(q_width, embed_dim, bias=bias, **factory)
+        out_bias = bias if out_bias is None else out_bias
+        self.out_proj = nn.Linear(q_width, embed_dim, bias=out_bias, **factory)
         self._widths = (q_width, kv_width, kv_width)
         if position is not None:
             if not isinstance(position, PositionScheme):
@@ -124,6 +127,8 @@ class MultiHeadAttention(nn.Module):
                     f"ALiBi, ...) or None, got {type(position).__name__}"
                 )
             position.check(num_heads, head_dim)
+            if position.uses_positions:
+                self.hook_points = ROTARY_HOOK_POINTS
         self.position = position
 
     def extra_repr(self) -> str:

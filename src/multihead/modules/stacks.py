@@ -39,6 +39,7 @@ class Encoder(nn.Module):
 
     hook_points: tuple[str, ...] = ()
     hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
+    hook_order = ("layers",)  # then ln_final.hook_normalized
 
     def __init__(self, config: StackConfig) -> None:
         super().__init__()
@@ -64,6 +65,7 @@ class Decoder(nn.Module):
 
     hook_points: tuple[str, ...] = ()
     hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
+    hook_order = ("layers",)  # then ln_final.hook_normalized
 
     def __init__(self, config: StackConfig) -> None:
         super().__init__()
@@ -110,6 +112,7 @@ class EncoderDecoder(nn.Module):
     side), encoder.* and decoder.* (see Encoder and Decoder)."""
 
     hook_points = ("encoder.hook_embed", "decoder.hook_embed")
+    hook_order = ("encoder.hook_embed", "encoder", "decoder.hook_embed", "decoder")
 
     def __init__(self, vocab_size: int, encoder: StackConfig, decoder: StackConfig) -> None:
         super().__init__()

@@ -5,7 +5,8 @@ weights (B, H, Tq, Tk).
 
 It also serves the `hook_attn_scores` / `hook_pattern` hook points: `on_scores` sees the scaled,
 biased scores with blocked keys at -inf, `on_pattern` the probabilities; either may return a
-replacement, which the rest of the computation uses (blocked keys stay blocked).
+replacement, which the rest of the computation uses. Replaced scores keep blocked keys blocked;
+a replaced pattern is used as given (weight it puts on a blocked key is applied).
 """
 
 from __future__ import annotations
