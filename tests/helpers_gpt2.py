@@ -69,3 +69,20 @@ def save_gpt2(
                 p.mul_(scale)
     model.save_pretrained(directory)
     return model
+
+
+def write_sentencepiece_tokenizer(directory: Path, vocab_size: int = 90) -> dict[str, int]:
+    """A Llama-style tokenizer.json (SentencePiece BPE: "▁" marks a word's start) whose
+    post-processor puts <s> before every text, trained on CORPUS. Returns its special ids."""
+    from tokenizers import SentencePieceBPETokenizer, processors
+
+    tok = SentencePieceBPETokenizer()
+    specials = ["<unk>", "<s>", "</s>"]
+    tok.train_from_iterator(CORPUS * 4, vocab_size=vocab_size, special_tokens=specials)
+    ids = {t: tok.token_to_id(t) for t in specials}
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", ids["<s>"])]
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    return ids | {"size": tok.get_vocab_size()}

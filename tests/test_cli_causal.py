@@ -130,3 +130,20 @@ def test_a_broken_gpt2_checkpoint_is_one_line(gpt2, tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "layers.0.norm1.weight: checkpoint (5,)" in err[0]
     assert not (tmp_path / "r.html").exists()
+
+
+def test_inspect_a_llama_directory(tmp_path, capsys):
+    from helpers_gpt2 import write_sentencepiece_tokenizer
+    from helpers_llama import save_causal
+
+    model = tmp_path / "llama"
+    special = write_sentencepiece_tokenizer(model)
+    save_causal(model, "llama", vocab_size=special["size"], bos_token_id=special["<s>"])
+    out = tmp_path / "r.json"
+    assert main(["inspect", TEXT, "--model", str(model), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{model}: causal LM, 2 layers x 4 heads, ")
+    assert "sinks measured on <s>" in printed
+    data = json.loads(out.read_text())
+    assert data["tokens"][0] == "<s>" and "".join(data["tokens"][1:]).strip() == TEXT
+    assert data["causal"] is True and data["sinks"] == "<s>"

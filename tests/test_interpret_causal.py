@@ -57,6 +57,28 @@ def test_patterns_equal_transformers_eager(tmp_path, n_layer, n_head, n_embd):
     assert not any(r.role == "next-token" for row in analysis.roles for h in row for r in h)
 
 
+@pytest.mark.parametrize("case", ["llama", "mistral-window"])
+def test_llama_family_patterns_equal_transformers(tmp_path, case):
+    """Llama-style: RoPE, grouped-query heads, a SentencePiece tokenizer.json that puts <s>
+    first itself (kept as it is); Mistral's sliding window leaves a band."""
+    from helpers_gpt2 import write_sentencepiece_tokenizer
+    from helpers_llama import save_causal
+
+    special = write_sentencepiece_tokenizer(tmp_path)
+    save_causal(tmp_path, case, vocab_size=special["size"] + 6, bos_token_id=special["<s>"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    subject = load_subject(tmp_path)
+    assert subject.kind == "causal LM" and subject.prefix == [special["<s>"]]
+    analysis = analyze(subject, [TEXT], probe=False)
+    item = analysis.texts[0]
+    ids = subject.encode(TEXT).ids
+    assert item.tokens[0] == "<s>" and "".join(item.tokens[1:]).strip() == TEXT
+    torch.testing.assert_close(item.attn, hf_attentions(hf.eval(), ids), atol=1e-5, rtol=1e-4)
+    assert analysis.sink_label == "<s>" and "next" in analysis.undefined
+    if case == "mistral-window":  # query 10 sees keys 6..10 only
+        assert item.attn[..., 10, :6].abs().max() == 0 and item.attn[..., 10, 6:11].min() > 0
+
+
 def test_tokens_read_as_the_text_and_sinks_are_bos(gpt2):
     _, path = gpt2
     item = text_attention(load_subject(path), TEXT)
