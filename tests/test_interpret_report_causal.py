@@ -152,3 +152,20 @@ def test_causal_report_in_headless_chromium(subject, analysis, tmp_path):
         browser.close()
     assert errors == []
     assert requests == []
+
+
+def test_png_metric_panels_show_n_a_for_undefined_metrics(analysis, tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+    from matplotlib.image import imread
+
+    from multihead.interpret import report_png
+
+    written = []
+    real = Axes.text
+    monkeypatch.setattr(
+        Axes, "text", lambda self, x, y, s, **kw: written.append(s) or real(self, x, y, s, **kw)
+    )
+    path = tmp_path / "metrics.png"
+    report_png.metrics_png(analysis, path, metrics=("previous", "next", "special"))
+    assert "n/a" in written and any("never attends to a later token" in w for w in written)
+    assert imread(path).std() > 0.05
