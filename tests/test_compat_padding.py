@@ -98,3 +98,12 @@ def test_transformer_with_padded_memory(x):
     assert torch.isfinite(ours).all()
     torch.testing.assert_close(ours, standard, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(ours[[0, 2]], theirs[[0, 2]], atol=1e-5, rtol=1e-4)
+
+
+def test_encoder_bench_runs_and_reports_every_contender():
+    """`python -m multihead.bench.encoder_layer` smoke test: one tiny shape, no timing claims."""
+    from multihead.bench.encoder_layer import run
+
+    rows = run([(2, 8, 16, 4)], repeats=1)
+    assert [r[1] for r in rows] == ["none", "padded"]
+    assert all(len(r) == 8 and r[4].endswith("x") and r[7].endswith("x") for r in rows)

@@ -37,6 +37,11 @@ def check_types(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested:
+            raise TypeError(
+                f"{name} is a NestedTensor, which the drop-in does not take: pad it "
+                "(torch.nested.to_padded_tensor) and pass key_padding_mask"
+            )
     _check_mask_dtype("key_padding_mask", key_padding_mask)
     _check_mask_dtype("attn_mask", attn_mask)
 
