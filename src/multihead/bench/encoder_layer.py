@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import copy
 import warnings
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -57,11 +59,11 @@ def run(shapes: list[tuple[int, int, int, int]], repeats: int) -> list[list[str]
         models = _models(E, H)
         x = torch.randn(B, T, E)
         for label, kwargs in (("none", {}), ("padded", {"src_key_padding_mask": _padding(B, T)})):
+            calls: dict[str, Callable[[], object]] = {
+                name: partial(m, x, **kwargs) for name, m in models.items()
+            }
             with torch.no_grad():
-                seconds = measure(
-                    {name: (lambda m=m, x=x, kw=kwargs: m(x, **kw)) for name, m in models.items()},
-                    repeats=repeats,
-                )
+                seconds = measure(calls, repeats=repeats)
             ms = {k: v * 1e3 for k, v in seconds.items()}
             rows.append(
                 [

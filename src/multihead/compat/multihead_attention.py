@@ -219,11 +219,13 @@ class MultiheadAttention(nn.MultiheadAttention):
         self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, batch_first: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Inputs -> q, k, v as (B, H, T, D) views of the projections."""
-        w, b = self.in_proj_weight, self.in_proj_bias
-        if b is not None and b.dtype != (self.q_proj_weight if w is None else w).dtype:
+        w = self.in_proj_weight
+        b: Tensor | None = self.in_proj_bias
+        weight_dtype = (self.q_proj_weight if w is None else w).dtype
+        if b is not None and b.dtype != weight_dtype:
             # A bias of another dtype than the weights: torch's standard path promotes it in the
             # matmul's addition; cast it to the weights' dtype, which gives the same result.
-            b = b.to((self.q_proj_weight if w is None else w).dtype)
+            b = b.to(weight_dtype)
         E = self.embed_dim
         if self._qkv_same_embed_dim:
             packed = PackedWeights(w, b, lambda x: F.linear(x, w, b))
