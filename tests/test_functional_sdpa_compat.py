@@ -357,3 +357,20 @@ def test_every_combination_of_flags_on_4d_inputs():
         same_as_torch(
             q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa, grads=True
         )
+
+
+def test_capture_sees_drop_in_calls_with_torchs_mask_meaning():
+    """`capture()` without a model records the drop-in's calls; the recorded weights follow the
+    boolean mask (True = may attend) and top-left causality, as torch reads them."""
+    from multihead.interpret import capture
+
+    q, k, v = rand(2, 3, L, E), rand(2, 3, S, E), rand(2, 3, S, EV)
+    mask = torch.rand(L, S) > 0.4
+    mask[:, 0] = True
+    with capture() as records:
+        sdpa(q, k, v, attn_mask=mask)
+        sdpa(q, k, v, is_causal=True)
+    assert len(records) == 2
+    assert (records[0].weights[..., ~mask] == 0).all() and records[0].weights.shape == (2, 3, L, S)
+    top_left = torch.ones(L, S, dtype=torch.bool).tril()
+    assert (records[1].weights[..., ~top_left[:, : records[1].weights.shape[-1]]] == 0).all()
