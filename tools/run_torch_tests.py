@@ -37,7 +37,9 @@ from pathlib import Path
 ALLOWED = [
     (re.compile(r"torch\.jit|jit\.script|ScriptModule|torchscript", re.I), "TorchScript"),
     (
-        re.compile(r"_native_multi_head_attention|_transformer_encoder_layer_fwd|fastpath_mock|MagicMock"),
+        re.compile(
+            r"_native_multi_head_attention|_transformer_encoder_layer_fwd|fastpath_mock|MagicMock"
+        ),
         "torch internals (mocked private kernel)",
     ),
     (
@@ -100,7 +102,7 @@ def _run(path: str, patched: bool, extra: list[str]) -> dict[str, tuple[str, str
         junit = Path(tmp) / "report.xml"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(path).parent), *sys.path]))
         subprocess.run(
-            [sys.executable, __file__, "--inner", "1" if patched else "0", str(junit), path, *extra],
+            [sys.executable, __file__, "--inner", str(int(patched)), str(junit), path, *extra],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -126,6 +128,7 @@ def report(path: str, plain: dict, dropin: dict) -> dict:
     print(f"\n## {path}\n")
     counts: Counter[str] = Counter()
     failures: list[tuple[str, str]] = []
+    plain_only: list[tuple[str, str]] = []  # fail on plain torch, not with the drop-ins
     skips: Counter[str] = Counter()
     for test_id in sorted(set(plain) | set(dropin)):
         before = plain.get(test_id, ("missing", ""))[0]
@@ -138,17 +141,23 @@ def report(path: str, plain: dict, dropin: dict) -> dict:
             reason = _classify(message)
             counts[reason] += 1
             failures.append((test_id, reason))
-        if before != "passed" and after == "passed":
-            counts["passes only with the drop-ins"] += 1
+        if before == "failed" and after != "failed":
+            counts["fails on plain torch only"] += 1
+            plain_only.append((test_id, after))
     print("| run | passed | failed | skipped |")
     print("|---|---|---|---|")
     for run in ("plain", "drop-ins"):
         row = [counts[f"{run} {o}"] for o in ("passed", "failed", "skipped")]
-        print(f"| {run} torch |" if run == "plain" else f"| {run} |", " | ".join(map(str, row)), "|")
+        label = "plain torch" if run == "plain" else run
+        print(f"| {label} |", " | ".join(map(str, row)), "|")
     if failures:
         print("\nPass on plain torch, fail with the drop-ins:\n")
         for test_id, reason in failures:
             print(f"- `{test_id}`: {reason}")
+    if plain_only:
+        print("\nFail on plain torch, not with the drop-ins:\n")
+        for test_id, after in plain_only:
+            print(f"- `{test_id}`: {after} with the drop-ins")
     if skips:
         print("\nSkipped with the drop-ins (reason: count):\n")
         for reason, n in skips.most_common():
