@@ -101,7 +101,7 @@ def test_transformer_with_padded_memory(x):
 
 
 def test_encoder_bench_runs_and_reports_every_contender():
-    """`python -m multihead.bench.encoder_layer` smoke test: one tiny shape, no timing claims."""
+    """`multihead bench encoder-layer` smoke test: one tiny shape, no timing claims."""
     from multihead.bench.encoder_layer import run
 
     rows = run([(2, 8, 16, 4)], repeats=1)

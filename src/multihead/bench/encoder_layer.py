@@ -1,6 +1,6 @@
 """Converted torch encoders vs torch's own fused eval path.
 
-    python -m multihead.bench.encoder_layer [--quick]
+    multihead bench encoder-layer [--quick] [--repeats N]
 
 `replace_attention` switches torch's TransformerEncoderLayer to the standard path (so that the
 drop-in runs) and turns off TransformerEncoder's nested tensors. This times, in eval under no_grad
@@ -14,7 +14,6 @@ Shapes are (B, T, E, H); the feed-forward width is 4E.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import warnings
 from collections.abc import Callable
@@ -80,17 +79,11 @@ def run(shapes: list[tuple[int, int, int, int]], repeats: int) -> list[list[str]
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one small shape, 3 rounds")
-    parser.add_argument("--repeats", type=int, default=9)
-    args = parser.parse_args(argv)
-    shapes = QUICK_SHAPES if args.quick else DEFAULT_SHAPES
-    rows = run(shapes, 3 if args.quick else args.repeats)
+def report(*, quick: bool = False, repeats: int = 9) -> str:
+    """The table: every default shape (one small shape with `quick`), `repeats` rounds."""
+    shapes = QUICK_SHAPES if quick else DEFAULT_SHAPES
+    rows = run(shapes, 3 if quick else repeats)
     env = ", ".join(f"{k} {v}" for k, v in environment().items())
-    print(f"converted encoders vs torch's fused eval path (no_grad), medians, fp32; {env}")
-    print("layer: TransformerEncoderLayer; encoder: 2 layers, torch's with nested tensors on.")
-    print("ratio = converted / torch (below 1.00x: the converted model is faster).\n")
     header = [
         "B,T,E,H",
         "padding",
@@ -101,8 +94,11 @@ def main(argv: list[str] | None = None) -> None:
         "converted ms",
         "ratio",
     ]
-    print(format_table(header, rows))
-
-
-if __name__ == "__main__":
-    main()
+    return "\n".join(
+        [
+            f"converted encoders vs torch's fused eval path (no_grad), medians, fp32; {env}",
+            "layer: TransformerEncoderLayer; encoder: 2 layers, torch's with nested tensors on.",
+            "ratio = converted / torch (below 1.00x: the converted model is faster).\n",
+            format_table(header, rows),
+        ]
+    )
