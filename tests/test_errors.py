@@ -68,7 +68,7 @@ def test_bad_qkv(make, exc, pattern):
         (dict(scale=math.nan), ValueError, r"scale .*nan"),
         (dict(scale=math.inf), ValueError, r"scale .*inf"),
         (dict(scale="1"), TypeError, r"scale must be a float"),
-        (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\), got 1.0"),
+        (dict(dropout_p=1.0), ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
         (dict(dropout_p=-0.1), ValueError, r"dropout_p"),
         (dict(backend="nope"), ValueError, r"unknown backend 'nope'"),
         (dict(backend="sdpa", return_weights=True), ValueError, r"cannot run this call: .*weights"),

@@ -33,11 +33,10 @@ def test_sliding_window():
         masks.sliding_window(3, 3, 0)
 
 
-def test_padding_and_key_mask():
+def test_padding():
     m = masks.padding([2, 0, 3])
     assert m.tolist() == [[True, True, False], [False, False, False], [True, True, True]]
     assert masks.padding(torch.tensor([1]), max_len=3).tolist() == [[True, False, False]]
-    assert masks.key_mask_to_mask(m).shape == (3, 1, 1, 3)
     with pytest.raises(ValueError, match=r"max_len"):
         masks.padding([4], max_len=2)
     with pytest.raises(ValueError, match=r"non-negative"):
@@ -79,5 +78,6 @@ def test_sliding_window_mask_through_attention_matches_explicit_causal():
     q, k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
     big_window = masks.sliding_window(6, 6, 6)
     torch.testing.assert_close(attention(q, k, v, mask=big_window), attention(q, k, v, causal=True))
-    call = make_call(q, k, v, big_window, None, False, None, 0.0, False)
-    assert call.mask is big_window
+    call = make_call(q, k, v, mask=big_window)
+    # Every backend sees a 4-D mask: a view of the caller's (T, T) one, not a copy.
+    assert call.mask.shape == (1, 1, 6, 6) and call.mask.data_ptr() == big_window.data_ptr()

@@ -83,16 +83,27 @@ def test_bad_input_names_the_argument():
         VarLen(7)
     with pytest.raises(ValueError, match=r"q has shape \(10, 2, 4\), but the lengths sum to 9"):
         varlen_attention(x, x, x, [4, 5])
-    with pytest.raises(ValueError, match=r"k must be a floating-point \(N, heads, head_dim\)"):
+    # The rest is the one validation every attention call gets (make_call), on the (1, heads,
+    # N, head_dim) views of the packed tensors.
+    with pytest.raises(
+        ValueError, match=r"k must be a \(N, heads, head_dim\) tensor, got \(10, 4\)"
+    ):
         varlen_attention(x, x[:, 0], x, [10])
-    with pytest.raises(ValueError, match="must divide q's"):
+    with pytest.raises(ValueError, match=r"key/value heads \(2, .*\) must divide query heads \(3"):
         varlen_attention(torch.randn(10, 3, 4), x, x, [10])
-    with pytest.raises(ValueError, match="head widths differ"):
+    with pytest.raises(ValueError, match=r"head_dim of q .* differ \(5 != 4\)"):
         varlen_attention(torch.randn(10, 2, 5), x, x, [10])
-    with pytest.raises(ValueError, match="share dtype and device"):
+    with pytest.raises(TypeError, match="q, k, v must share one dtype"):
         varlen_attention(x.double(), x, x, [10])
-    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+    with pytest.raises(TypeError, match="q must be a floating-point tensor"):
+        varlen_attention(x.long(), x, x, [10])
+    with pytest.raises(ValueError, match=r"dropout_p must be a float in \[0, 1\)"):
         varlen_attention(x, x, x, [10], dropout_p=1.0)
+    for scale in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"scale must be finite and positive"):
+            varlen_attention(x, x, x, [10], scale=scale)
+    with pytest.raises(TypeError, match=r"causal must be a bool, got str 'no'"):
+        varlen_attention(x, x, x, [10], causal="no")
 
 
 def pad(x, lengths):

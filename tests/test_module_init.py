@@ -102,18 +102,24 @@ def test_stacks_take_init_false_and_init_is_separate():
         init_weights(raw, std=0)
 
 
-def test_checkpoint_loader_does_not_initialise(monkeypatch, tmp_path):
+def test_checkpoint_loader_initialises_nothing_real(monkeypatch, tmp_path):
+    """The loader builds on the meta device: init_weights touches no memory there."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=16, vocab_size=50)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
     import multihead.modules.lm as lm
     from multihead.pretrained import load_causal_lm
 
-    def fail(*args, **kwargs):
-        raise AssertionError("a loader initialised weights it is about to overwrite")
+    devices = []
 
-    monkeypatch.setattr(lm, "init_weights", fail)
-    load_causal_lm(tmp_path)
+    def record(model, **kwargs):
+        devices.append({p.device.type for p in model.parameters()})
+        return init_weights(model, **kwargs)
+
+    monkeypatch.setattr(lm, "init_weights", record)
+    model = load_causal_lm(tmp_path)
+    assert devices == [{"meta"}]
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
 
 
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))

@@ -153,14 +153,11 @@ def test_reverse_alignment_of_an_untrained_model_is_about_uniform():
 @pytest.mark.parametrize(
     "args,pattern",
     [
-        (
-            ["induction", "--positions", "sinusoidal"],
-            "--positions must be one of alibi, rope, learned",
-        ),
-        (["induction", "--steps", "0"], "--steps must be a positive integer, got 0"),
-        (["induction", "--eval-every", "-2"], "--eval-every must be a positive integer"),
-        (["reverse", "--seed", "-1"], "--seed must be a non-negative integer"),
-        (["reverse", "--threads", "0"], "--threads must be a positive integer"),
+        (["induction", "--positions", "sinusoidal"], "argument --positions: invalid choice"),
+        (["induction", "--steps", "0"], "argument --steps: expected a positive integer, got 0"),
+        (["induction", "--eval-every", "-2"], "argument --eval-every: expected a positive integer"),
+        (["reverse", "--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
+        (["reverse", "--threads", "0"], "argument --threads: expected a positive integer"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, pattern, capsys, tmp_path):
@@ -176,3 +173,10 @@ def test_out_that_is_a_file(tmp_path, capsys):
     f.write_text("x")
     code, _, err = run_cli(["train", "reverse", "--steps", "1", "--out", str(f)], capsys)
     assert code == 2 and "--out" in err and "is not a directory" in err
+
+
+def test_the_cli_and_the_library_share_the_induction_threshold():
+    from multihead.cli import train_induction
+    from multihead.train.phase import INDUCTION_THRESHOLD
+
+    assert train_induction.INDUCTION_THRESHOLD == INDUCTION_THRESHOLD

@@ -1,10 +1,22 @@
-"""multihead: multi-head attention for PyTorch, correct, fast and inspectable."""
+"""multihead: multi-head attention for PyTorch, correct, fast and inspectable.
 
-from . import functional
-from .functional import attention, scaled_dot_product_attention
-from .modules import MultiHeadAttention
+The names below are imported on first use (PEP 562 module `__getattr__`), so `import multihead`
+and the `multihead` command's `--help` do not pay for importing torch."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the submodule that defines it
+_LAZY = {
+    "MultiHeadAttention": "modules",
+    "attention": "functional",
+    "scaled_dot_product_attention": "functional",
+}
 
 __all__ = [
     "MultiHeadAttention",
@@ -13,3 +25,23 @@ __all__ = [
     "functional",
     "scaled_dot_product_attention",
 ]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
+    from . import functional
+    from .functional import attention, scaled_dot_product_attention
+    from .modules import MultiHeadAttention
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f".{name}", __name__)  # a submodule, e.g. .functional
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,18 +1,71 @@
 """KV caches, passed to `MultiHeadAttention.forward(..., cache=...)` and never stored on modules.
 
-KVCache (self-attention): appends each call's keys/values (B, Hkv, T, D) and returns everything
+KVCache (self-attention): appends each call's keys/values (B, Hkv, T, D) and hands out everything
 to attend over, with a key mask (B, Tk) that remembers padding. `max_length` preallocates
 (static: no reallocation per token); `window` keeps only the last W keys (sliding window).
 CrossKVCache: keys/values of an encoder output, computed at the first call and reused.
+
+The attention module talks to a cache through two methods (a protocol; any object with them
+works): `next_positions(T, device)` (RoPE positions of the next T tokens) and `keys_for(...)`
+(self-attention) or `memory_for(...)` (cross-attention, `cross = True`), which return a `KeySet`.
+A cache serves one attention module: it refuses a second one (`caches=[cache] * layers` is a bug).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
+from .functional import masks
 
-class KVCache:
+
+class KeySet(NamedTuple):
+    """What one attention call attends to, as a cache hands it out.
+
+    k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv); `key_mask` (B, Tk) True = a real key, or None when no
+    key is padding; `mask` an extra boolean mask broadcastable to (B, H, Tq, Tk) (sliding
+    window) or None; `causal` whether bottom-right causality applies; `first_slot` the slot of
+    the first query along the keys (queries sit at first_slot .. first_slot + Tq - 1), which
+    index-based position biases (ALiBi) need.
+    """
+
+    k: Tensor
+    v: Tensor
+    key_mask: Tensor | None
+    mask: Tensor | None
+    causal: bool
+    first_slot: int
+
+
+def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        kind = "a positive int or None" if optional else "a positive int"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
+class _OneModule:
+    """Remembers the attention module a cache serves and refuses any other until reset()."""
+
+    _owner: int | None = None
+
+    def _bind(self, module: object) -> None:
+        if self._owner is None:
+            self._owner = id(module)
+        elif self._owner != id(module):
+            raise ValueError(
+                f"this {type(self).__name__} already holds another attention module's keys: "
+                "give each layer its own cache (e.g. CausalLM.make_caches), or reset() it"
+            )
+
+
+class KVCache(_OneModule):
+    cross = False
+
     def __init__(
         self,
         batch_size: int,
@@ -25,37 +78,46 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ) -> None:
-        for name, value in (
-            ("batch_size", batch_size),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be a positive int or None, got {window!r}")
-        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
-            raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+        _positive_int("batch_size", batch_size)
+        _positive_int("num_kv_heads", num_kv_heads)
+        _positive_int("head_dim", head_dim)
+        _positive_int("max_length", max_length, optional=True)
+        _positive_int("window", window, optional=True)
+        _positive_int("value_dim", value_dim, optional=True)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
         self.value_dim = value_dim or head_dim
         self.max_length, self.window = max_length, window
-        self.dtype, self.device = dtype, torch.device(device) if device is not None else None
-        self.length = 0  # tokens seen so far: the position of the next token
-        self._k: Tensor | None = None
-        self._v: Tensor | None = None
-        self._mask: Tensor | None = None  # (B, stored), True = a real key
-        self._stored = 0
-        self._padded = False  # has any key been padding? If not, no mask is handed out
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else None
+        self.reset()
         if max_length is not None:
             # Static: room for max_length keys, or for a window plus one chunk of the same size.
             room = max_length if window is None else min(max_length, 2 * window)
             self._allocate(room, self.device or torch.device("cpu"))
+
+    def reset(self) -> None:
+        """Forget every cached key (a static cache keeps its buffers): the cache is as new, and
+        may serve another module."""
+        self.length = 0  # tokens seen so far: the position of the next token
+        self._stored = 0
+        self._padded = False  # has any key been padding? If not, no mask is handed out
+        self._owner = None
+        if self.max_length is None:
+            self._k: Tensor | None = None
+            self._v: Tensor | None = None
+            self._mask: Tensor | None = None  # (B, stored), True = a real key
 
     def _allocate(self, room: int, device) -> None:
         B, H = self.batch_size, self.num_kv_heads
         self._k = torch.zeros(B, H, room, self.head_dim, dtype=self.dtype, device=device)
         self._v = torch.zeros(B, H, room, self.value_dim, dtype=self.dtype, device=device)
         self._mask = torch.zeros(B, room, dtype=torch.bool, device=device)
+
+    def next_positions(self, count: int, device) -> Tensor:
+        """(count,): positions of the next tokens, continuing from what is cached."""
+        return torch.arange(self.length, self.length + count, device=device)
 
     def _check(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
         want = (self.batch_size, self.num_kv_heads, k.shape[2], self.head_dim)
@@ -91,6 +153,8 @@ class KVCache:
             else key_mask.to(torch.bool)
         )
         if key_mask is not None and not self._padded:
+            # Eager bookkeeping read once per padded call (a host sync): while no key was
+            # padding, calls run unmasked on the fused kernel.
             self._padded = not bool(new_mask.all())
         if self.max_length is None:
             self._append_dynamic(k, v, new_mask)
@@ -108,6 +172,19 @@ class KVCache:
                 mask[:, n - keep :],
             )
         return keys, values, (mask if self._padded else None)
+
+    def keys_for(
+        self, module: object, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool
+    ) -> KeySet:
+        """The module-facing step: append this call's keys and hand out what to attend over."""
+        self._bind(module)
+        T = k.shape[2]
+        keys, values, mask = self.update(k, v, key_mask)
+        Tk = keys.shape[2]
+        window = None
+        if self.window is not None:
+            window = masks.sliding_window(T, Tk, self.window, causal=causal, device=k.device)
+        return KeySet(keys, values, mask, window, causal, Tk - T)
 
     def _append_dynamic(self, k: Tensor, v: Tensor, mask: Tensor) -> None:
         if self._k is None:
@@ -145,23 +222,58 @@ class KVCache:
 
     def reorder(self, rows: Tensor) -> None:
         """Keep rows (B,) of the batch, in that order (beam search, dropping finished rows)."""
-        assert self._k is not None and self._v is not None and self._mask is not None
+        if self._k is None or self._v is None or self._mask is None:
+            raise ValueError("reorder() needs a cache that holds keys")
         self._k, self._v, self._mask = self._k[rows], self._v[rows], self._mask[rows]
         self.batch_size = self._k.shape[0]
         self._padded = not bool(self._mask[:, : self._stored].all())
 
 
-class CrossKVCache:
-    """Keys and values of a cross-attention's memory (encoder output), computed once."""
+class CrossKVCache(_OneModule):
+    """Keys and values of a cross-attention's memory (encoder output), computed once.
+
+    The memory tensor it was filled from is remembered: a later call with another memory tensor
+    is refused (it would silently attend to the old one); call reset() to start over.
+    """
+
+    cross = True
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.key_mask: Tensor | None = None
+        self._source: Tensor | None = None
+        self._owner = None
 
     @property
     def filled(self) -> bool:
         return self.k is not None
+
+    def memory_for(
+        self,
+        module: object,
+        memory: Tensor | None,
+        key_mask: Tensor | None,
+        project: Callable[[], tuple[Tensor, Tensor]],
+    ) -> KeySet:
+        """The memory's keys and values: `project()` at the first call, reused afterwards."""
+        self._bind(module)
+        if self.k is None:
+            if memory is None:
+                raise ValueError("an empty CrossKVCache needs the memory (key/value) to project")
+            self.k, self.v = project()
+            self.key_mask, self._source = key_mask, memory
+        elif memory is not None and memory is not self._source:
+            raise ValueError(
+                "this CrossKVCache already holds the keys of another memory tensor; call "
+                "reset() before attending to new memory (or pass the same tensor, or none)"
+            )
+        assert self.v is not None
+        mask = self.key_mask if key_mask is None else key_mask
+        return KeySet(self.k, self.v, mask, None, False, 0)
 
 
 def make_caches(num_layers: int, *args, **kwargs) -> list[KVCache]:

@@ -11,7 +11,7 @@ def format_table(headers: list[str], rows: list[list[str]], *, left: tuple[int, 
         return "  ".join(
             str(c).ljust(w) if i in left else str(c).rjust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
+        ).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])

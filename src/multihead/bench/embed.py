@@ -28,7 +28,7 @@ def run(
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
-        raise SystemExit(
+        raise ImportError(
             "multihead bench embed compares against sentence-transformers: "
             "pip install 'multihead[bench]'"
         ) from None

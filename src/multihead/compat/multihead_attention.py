@@ -14,8 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import AttentionCall, dispatch, masks
-from .checks import check_forward
+from ..functional.call import make_call
+from ..hook_points import ModuleHooks, hooks_for
+from ..modules.attend import ATTENTION_HOOK_POINTS, attend, head_results
+from ..modules.attention import MultiHeadAttention
+from ..modules.projections import PackedWeights, heads_first, project_packed
+from . import weights
+from .checks import check_forward, check_types
+from .mask_rules import multihead_masks, torch_fast_path, uses_causal_hint
 
 
 class MultiheadAttention(nn.MultiheadAttention):
@@ -30,7 +36,12 @@ class MultiheadAttention(nn.MultiheadAttention):
       fused projection, torch's fused SDPA kernel and the output projection, in any layout;
     - bad input raises ValueError/TypeError naming the argument (torch raises AssertionError or
       RuntimeError); `dropout` must lie in [0, 1).
+
+    It has MultiHeadAttention's hook points (hook_q, hook_k, hook_v, hook_attn_scores,
+    hook_pattern, hook_z, hook_result), so `multihead.interpret` sees inside converted models.
     """
+
+    hook_points = ATTENTION_HOOK_POINTS
 
     def __init__(
         self,
@@ -72,28 +83,24 @@ class MultiheadAttention(nn.MultiheadAttention):
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiheadAttention:
         """A drop-in with `module`'s configuration, weights, device, dtype and mode."""
-        from .convert import from_torch
-
-        return from_torch(module)
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(module).__name__}")
+        return weights.rebuild(module, cls)
 
     def to_torch(self) -> nn.MultiheadAttention:
         """A plain torch.nn.MultiheadAttention with this module's configuration and weights."""
-        from .convert import to_torch
-
-        return to_torch(self)
+        return weights.rebuild(self, nn.MultiheadAttention)
 
     @classmethod
-    def from_modern(cls, module, *, batch_first: bool = True) -> MultiheadAttention:
+    def from_modern(
+        cls, module: MultiHeadAttention, *, batch_first: bool = True
+    ) -> MultiheadAttention:
         """A drop-in holding a `multihead.MultiHeadAttention`'s weights."""
-        from .convert import from_modern
+        return weights.from_modern(module, cls, batch_first=batch_first)
 
-        return from_modern(module, batch_first=batch_first)
-
-    def to_modern(self):
+    def to_modern(self) -> MultiHeadAttention:
         """This module's weights in a `multihead.MultiHeadAttention` (batch-first)."""
-        from .convert import to_modern
-
-        return to_modern(self)
+        return weights.to_modern(self)
 
     def forward(
         self,
@@ -106,6 +113,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
+        hooks = hooks_for(self)
         if (
             not need_weights
             and key_padding_mask is None
@@ -119,33 +127,52 @@ class MultiheadAttention(nn.MultiheadAttention):
             and self._qkv_same_embed_dim
             and self.bias_k is None
             and not self.add_zero_attn
+            and hooks is None
         ):
             return self._plain_self_attention(query), None
-        batched = check_forward(self, query, key, value, key_padding_mask, attn_mask, is_causal)
+        # torch's fast path applies attn_mask and ignores is_causal; its standard path trusts
+        # the is_causal hint when it can (see mask_rules). Decide as torch would.
+        check_types(query, key, value, key_padding_mask, attn_mask)
+        fast = torch_fast_path(self, query, key, value, key_padding_mask, attn_mask)
+        hint = uses_causal_hint(is_causal, fast, key_padding_mask, need_weights)
+        batched = check_forward(
+            self,
+            query,
+            key,
+            value,
+            key_padding_mask,
+            attn_mask,
+            mask_required=bool(is_causal) and not fast,
+            mask_used=not hint,
+        )
         self_attention = query is key and key is value
         if not batched:  # (L, E) -> (1, L, E), handled as batch-first
             query, key, value = query[None], key[None], value[None]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[None]
         batch_first = self.batch_first or not batched
-        B = query.shape[0] if batch_first else query.shape[1]
         L = query.shape[1] if batch_first else query.shape[0]
 
         q, k, v = self._project(query, key, value, self_attention, batch_first)
+        if hooks is not None:
+            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
         k, v, extra = self._append_extra_keys(k, v)
-        mask, bias, causal = self._masks(
-            key_padding_mask, attn_mask, is_causal, need_weights, B, L, k.shape[2], extra
+        mask, bias, causal = multihead_masks(
+            key_padding_mask, attn_mask, hint, self.num_heads, L, k.shape[2], extra, q.device
         )
-        # q, k, v and the masks were shaped here from checked inputs: a trusted call.
-        dropout_p = self.dropout if self.training else 0.0
-        call = AttentionCall(
-            q, k, v, mask, bias, causal, self.head_dim**-0.5, dropout_p, need_weights
+        call = make_call(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=bool(need_weights),
+            qkv_checked=True,  # shaped here from checked inputs
         )
-        out, weights = dispatch(call)
-
-        out = F.linear(
-            self._merge_heads(out, batch_first), self.out_proj.weight, self.out_proj.bias
-        )
+        out, weights = attend(call, hooks)
+        out = self._output(out, batch_first, hooks)
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # (B, H, L, S) -> (B, L, S)
         if not batched:
@@ -157,56 +184,48 @@ class MultiheadAttention(nn.MultiheadAttention):
         """The call TransformerEncoderLayer makes (batched self-attention, no mask, no weights)
         with the least Python per call: at small shapes that overhead is most of the time."""
         q, k, v = self._project(x, x, x, True, self.batch_first)
-        dropout_p = self.dropout if self.training else 0.0
-        call = AttentionCall(q, k, v, None, None, False, self.head_dim**-0.5, dropout_p, False)
-        out = self._merge_heads(dispatch(call)[0], self.batch_first)
-        return F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        call = make_call(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, qkv_checked=True
+        )
+        out, _ = attend(call, None)
+        return self._output(out, self.batch_first, None)
 
-    def _merge_heads(self, out: Tensor, batch_first: bool) -> Tensor:
-        """(B, H, T, D) -> (B, T, E) or (T, B, E)."""
+    def _output(self, out: Tensor, batch_first: bool, hooks: ModuleHooks | None) -> Tensor:
+        """out (B, H, T, D) -> (B, T, E) or (T, B, E) through the output projection."""
+        weight, bias = self.out_proj.weight, self.out_proj.bias
+        if hooks is not None:
+            out = hooks.heads("hook_z", out)
+            if "hook_result" in hooks:
+                projected = head_results(out, weight, bias, hooks)  # (B, T, E) or None
+                if projected is not None:
+                    return projected if batch_first else projected.transpose(0, 1)
         B, _, T, _ = out.shape
-        if batch_first:
-            return out.transpose(1, 2).reshape(B, T, self.embed_dim)
-        return out.permute(2, 0, 1, 3).reshape(T, B, self.embed_dim)
-
-    def _heads(self, x: Tensor, batch_first: bool) -> Tensor:
-        """(B, T, E) or (T, B, E) -> (B, H, T, D), a view."""
-        H, D = self.num_heads, self.head_dim
-        if batch_first:
-            B, T, _ = x.shape
-            return x.view(B, T, H, D).transpose(1, 2)
-        T, B, _ = x.shape
-        return x.view(T, B, H, D).permute(1, 2, 0, 3)
+        if batch_first:  # (B, H, T, D) -> (B, T, E)
+            merged = out.transpose(1, 2).reshape(B, T, self.embed_dim)
+        else:  # (B, H, T, D) -> (T, B, E)
+            merged = out.permute(2, 0, 1, 3).reshape(T, B, self.embed_dim)
+        return F.linear(merged, weight, bias)
 
     def _project(
         self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, batch_first: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Inputs -> q, k, v as (B, H, T, D) views of the projections."""
-        E, H, D = self.embed_dim, self.num_heads, self.head_dim
-        w, b = self.in_proj_weight, self.in_proj_bias
-        if self_attention and self._qkv_same_embed_dim:
-            qkv = F.linear(query, w, b)  # one fused matmul: (B, T, 3E) or (T, B, 3E)
-            if batch_first:
-                B, T, _ = qkv.shape
-                # (B, T, 3E) -> (3, B, H, T, D): one view, one permute, no copy
-                q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
-            else:
-                T, B, _ = qkv.shape
-                # (T, B, 3E) -> (3, B, H, T, D)
-                q, k, v = qkv.view(T, B, 3, H, D).permute(2, 1, 3, 0, 4).unbind(0)
-            return q, k, v
+        w = self.in_proj_weight
+        b: Tensor | None = self.in_proj_bias
+        weight_dtype = (self.q_proj_weight if w is None else w).dtype
+        if b is not None and b.dtype != weight_dtype:
+            # A bias of another dtype than the weights: torch's standard path promotes it in the
+            # matmul's addition; cast it to the weights' dtype, which gives the same result.
+            b = b.to(weight_dtype)
+        H = self.num_heads
+        if self._qkv_same_embed_dim:
+            packed = PackedWeights(w, b, lambda x: F.linear(x, w, b))
+            return project_packed(packed, (H, H), query, key, value, self_attention, batch_first)
         bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
-        if not self._qkv_same_embed_dim:
-            q = F.linear(query, self.q_proj_weight, bq)
-            k = F.linear(key, self.k_proj_weight, bk)
-            v = F.linear(value, self.v_proj_weight, bv)
-        else:
-            q = F.linear(query, w[:E], bq)
-            if key is value:  # k and v rows are adjacent in the packed weight: one matmul
-                k, v = F.linear(key, w[E:], None if b is None else b[E:]).chunk(2, dim=-1)
-            else:
-                k, v = F.linear(key, w[E : 2 * E], bk), F.linear(value, w[2 * E :], bv)
-        return self._heads(q, batch_first), self._heads(k, batch_first), self._heads(v, batch_first)
+        q = F.linear(query, self.q_proj_weight, bq)
+        k = F.linear(key, self.k_proj_weight, bk)
+        v = F.linear(value, self.v_proj_weight, bv)
+        return tuple(heads_first(t, H, batch_first) for t in (q, k, v))  # type: ignore[return-value]
 
     def _append_extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int]:
         """Append bias_k/bias_v and then a zero key/value, as torch does: (B, H, S', D)."""
@@ -221,46 +240,3 @@ class MultiheadAttention(nn.MultiheadAttention):
             v = torch.cat([v, v.new_zeros(B, H, 1, D)], dim=2)
             extra += 1
         return k, v, extra
-
-    def _masks(
-        self,
-        key_padding_mask: Tensor | None,
-        attn_mask: Tensor | None,
-        is_causal: bool,
-        need_weights: bool,
-        B: int,
-        L: int,
-        S: int,
-        extra: int,
-    ) -> tuple[Tensor | None, Tensor | None, bool]:
-        """torch's masks (True = blocked, or additive) -> multihead's (mask True = may attend,
-        bias), broadcastable to (B, H, L, S), padded for the appended keys."""
-        if is_causal and key_padding_mask is None and not need_weights:
-            # torch trusts the hint here and runs SDPA's top-left causal mask instead of attn_mask.
-            if L == S:
-                return None, None, True
-            assert attn_mask is not None  # check_forward requires it with is_causal
-            return masks.causal(L, S, align="top_left", device=attn_mask.device), None, False
-        mask: Tensor | None = None
-        bias: Tensor | None = None
-        if attn_mask is not None:
-            if attn_mask.dim() == 3:  # (B * H, L, S0) -> (B, H, L, S0); unbatched (H, L, S0) too
-                attn_mask = attn_mask.view(-1, self.num_heads, *attn_mask.shape[-2:])
-            mask, bias = _split(attn_mask, extra)
-        if key_padding_mask is not None:
-            kp_mask, kp_bias = _split(key_padding_mask[:, None, None, :], extra)  # (B,1,1,S)
-            mask = masks.combine(mask, kp_mask)
-            bias = kp_bias if bias is None else bias if kp_bias is None else bias + kp_bias
-        return mask, bias, False
-
-
-def _split(torch_mask: Tensor, extra: int) -> tuple[Tensor | None, Tensor | None]:
-    """One torch mask -> (boolean may-attend mask, None) or (None, additive bias), with `extra`
-    appended keys that every query may attend to."""
-    if torch_mask.dtype == torch.bool:
-        allowed = ~torch_mask
-        if extra:
-            allowed = F.pad(allowed, (0, extra), value=True)
-        return allowed, None
-    bias = F.pad(torch_mask, (0, extra), value=0.0) if extra else torch_mask
-    return None, bias

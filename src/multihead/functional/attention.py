@@ -8,34 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
+from ..hook_points import FUNCTION, hooks_for
 from .backends import available_backends, get_backend, select_backend
+from .backends.eager import eager_attention
 from .call import AttentionCall, make_call
-
-# Observers of every attention call (capture sessions, head gates): see multihead.interpret.
-# Each is `observe(call, backend, run) -> (out, weights)`, where `run(call, backend)` is the
-# normal dispatch. Empty on the normal path, so the only cost there is one truth test.
-INTERCEPTORS: list = []
 
 
 def dispatch(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor | None]:
-    """Run a validated `AttentionCall` on `backend`: every attention in multihead passes here.
-
-    `attention()` builds the call from public inputs with full checks. Modules that shaped q, k
-    and v themselves build it directly (checking only user-supplied masks with `check_mask`),
-    which keeps per-call overhead small.
-    """
-    if INTERCEPTORS:
-        return _observed(call, backend, len(INTERCEPTORS) - 1)
+    """Run a validated `AttentionCall` (see `make_call`) on `backend`: every attention in
+    multihead passes here."""
     return select_backend(call, backend).run(call)
-
-
-def _observed(call: AttentionCall, backend: str, level: int) -> tuple[Tensor, Tensor | None]:
-    """Let interceptor `level` wrap the dispatch of everything below it (innermost first)."""
-    if level < 0:
-        return select_backend(call, backend).run(call)
-    return INTERCEPTORS[level](call, backend, lambda c, b: _observed(c, b, level - 1))
 
 
 def attention(
@@ -74,8 +59,24 @@ def attention(
     Returns:
         the output `(B, H, Tq, Dv)`, or `(output, weights)` when `return_weights=True`.
     """
-    call = make_call(q, k, v, mask, bias, causal, scale, dropout_p, return_weights)
+    call = make_call(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        scale=scale,
+        dropout_p=dropout_p,
+        return_weights=return_weights,
+    )
     out, weights = dispatch(call, backend)
+    hooks = hooks_for(FUNCTION)  # only `capture()` without a model observes bare calls
+    if hooks is not None:
+        with torch.no_grad():
+            _, pattern = eager_attention(call._replace(dropout_p=0.0, return_weights=True))
+        assert pattern is not None
+        hooks.observe(call, pattern)
     if return_weights:
         return out, weights
     return out
@@ -103,16 +104,6 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Explanation:
     unknown = set(kwargs) - {"mask", "bias", "causal", "scale", "dropout_p", "return_weights"}
     if unknown:
         raise TypeError(f"explain() got unexpected keyword arguments: {sorted(unknown)}")
-    call = make_call(
-        q,
-        k,
-        v,
-        kwargs.get("mask"),
-        kwargs.get("bias"),
-        kwargs.get("causal", False),
-        kwargs.get("scale"),
-        kwargs.get("dropout_p", 0.0),
-        kwargs.get("return_weights", False),
-    )
+    call = make_call(q, k, v, **kwargs)
     reasons = {name: get_backend(name).why_not(call) for name in available_backends()}
     return Explanation(select_backend(call, backend).name, reasons)

@@ -1,23 +1,32 @@
-"""The validated description of one attention call, shared by every backend.
+"""The validated description of one attention call, shared by every backend, and the one
+constructor that builds it (`make_call`).
 
 Shape legend: B batch, H query heads, Hkv key/value heads, Tq queries, Tk keys,
 D query/key head width, Dv value head width.
+
+Every attention in multihead (the `attention()` function, `MultiHeadAttention`, the drop-ins,
+packed sequences) is built here, so there is one validation policy. Callers that shaped q, k and
+v themselves pass `qkv_checked=True` to skip only that part; masks, bias, flags, scale and
+dropout are checked the same way for everyone. Checks read shapes, dtypes and devices, never
+tensor values, so the constructor is traceable (torch.compile, torch.export).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
+
+ScaleRule = Literal["positive", "finite"]
 
 
 class AttentionCall(NamedTuple):
     """Everything a backend needs, already checked.
 
     q `(B, H, Tq, D)`, k `(B, Hkv, Tk, D)`, v `(B, Hkv, Tk, Dv)`; `mask` is boolean
-    (True = may attend) and `bias` additive, both broadcastable to `(B, H, Tq, Tk)`.
+    (True = may attend) and `bias` additive, both 4-D and broadcastable to `(B, H, Tq, Tk)`.
     `causal` is aligned bottom-right. `scale` is resolved to a float.
     (A NamedTuple: built on every call, it must be cheap; dynamo traces it without breaks.)
     """
@@ -38,7 +47,12 @@ class AttentionCall(NamedTuple):
         return self.q.shape[1] // self.k.shape[1]
 
 
-def _shape(t: Tensor) -> str:
+def default_scale(head_dim: int) -> float:
+    """The one place the default scale lives: `1 / sqrt(head_dim)` (1.0 for empty heads)."""
+    return head_dim**-0.5 if head_dim > 0 else 1.0
+
+
+def shape_str(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
@@ -47,55 +61,11 @@ def _check_tensor(name: str, t: object) -> Tensor:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
         raise ValueError(
-            f"{name} must have 4 dimensions (B, heads, T, head_dim), got shape {_shape(t)}"
+            f"{name} must have 4 dimensions (B, heads, T, head_dim), got shape {shape_str(t)}"
         )
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     return t
-
-
-def _check_broadcast(name: str, t: Tensor, target: tuple[int, ...]) -> None:
-    if t.dim() > 4:
-        raise ValueError(
-            f"{name} of shape {_shape(t)} has more than 4 dimensions; it must broadcast to "
-            f"(B, H, Tq, Tk) = {target}"
-        )
-    # Right-aligned broadcasting: every trailing size equals the target or is 1.
-    for got, want in zip(
-        reversed(t.shape), reversed(target[-t.dim() :] if t.dim() else ()), strict=True
-    ):
-        if got != want and got != 1:
-            raise ValueError(
-                f"{name} of shape {_shape(t)} does not broadcast to (B, H, Tq, Tk) = {target}"
-            )
-
-
-def check_mask(mask: object, target: tuple[int, ...], device: torch.device) -> None:
-    """A boolean mask (True = may attend) that broadcasts to `target` = (B, H, Tq, Tk)."""
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask must be boolean (True = may attend), got dtype {mask.dtype}; "
-            "pass additive float masks as bias="
-        )
-    _check_broadcast("mask", mask, target)
-    if mask.device != device:
-        raise ValueError(f"mask is on {mask.device} but the inputs are on {device}")
-
-
-def check_bias(bias: object, target: tuple[int, ...], device: torch.device) -> None:
-    """A float bias (added to the scores) that broadcasts to `target` = (B, H, Tq, Tk)."""
-    if not isinstance(bias, Tensor):
-        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
-    if not bias.is_floating_point():
-        raise TypeError(
-            f"bias must be a floating-point tensor (added to the scores), got {bias.dtype}; "
-            "pass boolean masks as mask="
-        )
-    _check_broadcast("bias", bias, target)
-    if bias.device != device:
-        raise ValueError(f"bias is on {bias.device} but the inputs are on {device}")
 
 
 def _explain_qkv(q: object, k: object, v: object) -> None:
@@ -109,34 +79,27 @@ def _explain_qkv(q: object, k: object, v: object) -> None:
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if not (B == Bk == Bv):
-        raise ValueError(f"batch sizes differ: q {_shape(q)}, k {_shape(k)}, v {_shape(v)}")
+        raise ValueError(
+            f"batch sizes differ: q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+        )
     if Dk != D:
-        raise ValueError(f"head_dim of q {_shape(q)} and k {_shape(k)} differ ({D} != {Dk})")
+        raise ValueError(f"head_dim of q {shape_str(q)} and k {shape_str(k)} differ ({D} != {Dk})")
     if Hkv != Hv or Tk != Tv:
         raise ValueError(
-            f"k {_shape(k)} and v {_shape(v)} must agree in heads and length (dims 1 and 2)"
+            f"k {shape_str(k)} and v {shape_str(v)} must agree in heads and length (dims 1 and 2)"
         )
     if Hkv == 0 or H % Hkv != 0:
         raise ValueError(
-            f"key/value heads ({Hkv}, k {_shape(k)}) must divide query heads ({H}, q {_shape(q)})"
+            f"key/value heads ({Hkv}, k {shape_str(k)}) must divide query heads "
+            f"({H}, q {shape_str(q)})"
         )
     raise AssertionError("unreachable: the combined check failed but no rule did")
 
 
-def make_call(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    bias: Tensor | None,
-    causal: bool,
-    scale: float | None,
-    dropout_p: float,
-    return_weights: bool,
-) -> AttentionCall:
-    """Validate public inputs once, with errors that name the argument and its shape.
+def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv): one dtype and device, Hkv | H.
 
-    The common case runs one combined check; only a failing input pays for the detailed one.
+    The common case runs one combined test; only a failing input pays for the detailed one.
     """
     if not (
         isinstance(q, Tensor)
@@ -147,14 +110,13 @@ def make_call(
         and v.dim() == 4
     ):
         _explain_qkv(q, k, v)
-    B, H, Tq, D = q.shape
+    B, H, _, D = q.shape
     Bk, Hkv, Tk, Dk = k.shape
     Bv, Hv, Tv, _ = v.shape
-    dtype, device = q.dtype, q.device
     if not (
-        dtype == k.dtype == v.dtype
-        and dtype.is_floating_point
-        and device == k.device == v.device
+        q.dtype == k.dtype == v.dtype
+        and q.dtype.is_floating_point
+        and q.device == k.device == v.device
         and B == Bk == Bv
         and D == Dk
         and Hkv == Hv
@@ -163,22 +125,117 @@ def make_call(
         and H % Hkv == 0
     ):
         _explain_qkv(q, k, v)
-    target = (B, H, Tq, Tk)
-    if mask is not None:
-        check_mask(mask, target, device)
-    if bias is not None:
-        check_bias(bias, target, device)
+
+
+def _as_4d(name: str, t: Tensor, target: tuple[int, int, int, int]) -> Tensor:
+    """`t` broadcastable to `target` = (B, H, Tq, Tk), as a 4-D view (leading 1s added), so every
+    backend sees one rank: `(Tk,)`, `(Tq, Tk)` and 0-d masks broadcast like any other."""
+    if t.dim() > 4:
+        raise ValueError(
+            f"{name} of shape {shape_str(t)} has more than 4 dimensions; it must broadcast to "
+            f"(B, H, Tq, Tk) = {target}"
+        )
+    # Right-aligned broadcasting: every trailing size equals the target or is 1.
+    for got, want in zip(reversed(t.shape), reversed(target[4 - t.dim() :]), strict=True):
+        if got != want and got != 1:
+            raise ValueError(
+                f"{name} of shape {shape_str(t)} does not broadcast to (B, H, Tq, Tk) = {target}"
+            )
+    return t if t.dim() == 4 else t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+
+
+def check_mask(mask: object, target: tuple[int, int, int, int], device: torch.device) -> Tensor:
+    """A boolean mask (True = may attend) broadcastable to `target` = (B, H, Tq, Tk) -> 4-D."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must be boolean (True = may attend), got dtype {mask.dtype}; "
+            "pass additive float masks as bias="
+        )
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device} but the inputs are on {device}")
+    return _as_4d("mask", mask, target)
+
+
+def check_bias(bias: object, target: tuple[int, int, int, int], device: torch.device) -> Tensor:
+    """A float bias (added to the scores) broadcastable to `target` = (B, H, Tq, Tk) -> 4-D."""
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if not bias.is_floating_point():
+        raise TypeError(
+            f"bias must be a floating-point tensor (added to the scores), got {bias.dtype}; "
+            "pass boolean masks as mask="
+        )
+    if bias.device != device:
+        raise ValueError(f"bias is on {bias.device} but the inputs are on {device}")
+    return _as_4d("bias", bias, target)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A Python bool: `causal="no"` or a tensor must not be read as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def resolve_scale(scale: object, head_dim: int, rule: ScaleRule = "positive") -> float:
+    """`None` -> the default `1 / sqrt(head_dim)`; otherwise a real number that is finite and,
+    under the default rule, positive. The SDPA drop-in uses `rule="finite"`: torch accepts zero
+    and negative scales, and so must an exact drop-in."""
     if scale is None:
-        scale = D**-0.5 if D > 0 else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        return default_scale(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    elif not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be finite and positive, got {scale}")
-    if dropout_p != 0.0:  # 0.0 (the usual value) needs no further check
-        if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-            raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-        if not 0.0 <= dropout_p < 1.0:
-            raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not math.isfinite(scale) or (rule == "positive" and scale <= 0):
+        want = "finite and positive" if rule == "positive" else "finite"
+        raise ValueError(f"scale must be {want}, got {scale}")
+    return float(scale)
+
+
+def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {dropout_p}")
+    return float(dropout_p)
+
+
+def make_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    qkv_checked: bool = False,
+    scale_rule: ScaleRule = "positive",
+) -> AttentionCall:
+    """Validate an attention call once, with errors that name the argument and its shape.
+
+    `qkv_checked=True`: the caller shaped q, k and v itself (a module after its projections),
+    so their mutual consistency holds by construction and is not re-tested.
+    """
+    if not qkv_checked:
+        check_qkv(q, k, v)
+    B, H, Tq, D = q.shape
+    target = (B, H, Tq, k.shape[2])
+    if mask is not None:
+        mask = check_mask(mask, target, q.device)
+    if bias is not None:
+        bias = check_bias(bias, target, q.device)
     return AttentionCall(
-        q, k, v, mask, bias, bool(causal), float(scale), float(dropout_p), bool(return_weights)
+        q,
+        k,
+        v,
+        mask,
+        bias,
+        check_flag("causal", causal),
+        resolve_scale(scale, D, scale_rule),
+        check_dropout(dropout_p),
+        check_flag("return_weights", return_weights),
     )

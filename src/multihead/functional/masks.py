@@ -87,15 +87,6 @@ def padding(lengths: Tensor | list[int], max_len: int | None = None) -> Tensor:
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def key_mask_to_mask(key_mask: Tensor) -> Tensor:
-    """(B, Tk) key mask (True = real key) -> (B, 1, 1, Tk), broadcastable over heads and queries."""
-    if key_mask.dtype != torch.bool:
-        raise TypeError(f"key_mask must be boolean (True = a real key), got dtype {key_mask.dtype}")
-    if key_mask.dim() != 2:
-        raise ValueError(f"key_mask must have shape (B, Tk), got {tuple(key_mask.shape)}")
-    return key_mask[:, None, None, :]
-
-
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of the masks that are not None (broadcasting); None when all are None."""
     out: Tensor | None = None

@@ -13,7 +13,6 @@ Shapes: q `(N, H, D)`, k `(N, Hkv, D)`, v `(N, Hkv, Dv)` -> `(N, H, Dv)`.
 from __future__ import annotations
 
 import itertools
-import math
 import numbers
 from collections.abc import Callable, Sequence
 
@@ -21,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .attention import dispatch
-from .call import AttentionCall
+from .call import make_call
 
 
 class VarLen:
@@ -118,27 +117,16 @@ def varlen_attention(
     packed = VarLen.of(lengths)
     for name, t in (("q", q), ("k", k), ("v", v)):
         packed.check(t, name)
-        if t.dim() != 3 or not t.is_floating_point():
-            raise ValueError(
-                f"{name} must be a floating-point (N, heads, head_dim) tensor, got shape "
-                f"{tuple(t.shape)} and dtype {t.dtype}"
-            )
-    if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1] != 0:
-        raise ValueError(
-            f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same number of heads, "
-            f"and it must divide q's {tuple(q.shape)}"
-        )
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} head widths differ")
-    if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
-        raise ValueError(
-            f"q, k and v must share dtype and device, got {q.dtype}/{k.dtype}/{v.dtype} on "
-            f"{q.device}/{k.device}/{v.device}"
-        )
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return varlen_dispatch(q, k, v, packed, causal, scale, dropout_p, backend)
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be a (N, heads, head_dim) tensor, got {tuple(t.shape)}")
+    # (N, heads, D) -> (1, heads, N, D): the one validation every attention call gets
+    call = make_call(
+        *(t.transpose(0, 1)[None] for t in (q, k, v)),
+        causal=causal,
+        scale=scale,
+        dropout_p=dropout_p,
+    )
+    return varlen_dispatch(q, k, v, packed, causal, call.scale, call.dropout_p, backend)
 
 
 def varlen_dispatch(
@@ -151,7 +139,7 @@ def varlen_dispatch(
     dropout_p: float,
     backend: str = "auto",
     *,
-    bias: Callable[[int], Tensor] | None = None,
+    bias: Callable[[int], Tensor | None] | None = None,
 ) -> Tensor:
     """`varlen_attention` on inputs already checked (modules call this): one dispatch per run.
     `bias(L)`: an additive bias broadcastable to `(n, H, L, L)` for a run of length L (ALiBi)."""
@@ -161,7 +149,16 @@ def varlen_dispatch(
         # (n * L, heads, D) -> (n, L, heads, D) -> (n, heads, L, D): views, no copy
         q_run, k_run, v_run = (t[rows].unflatten(0, (n, length)).transpose(1, 2) for t in (q, k, v))
         run_bias = None if bias is None else bias(length)
-        call = AttentionCall(q_run, k_run, v_run, None, run_bias, causal, scale, dropout_p, False)
+        call = make_call(
+            q_run,
+            k_run,
+            v_run,
+            bias=run_bias,
+            causal=causal,
+            scale=scale,
+            dropout_p=dropout_p,
+            qkv_checked=True,  # views of checked tensors
+        )
         out, _ = dispatch(call, backend)
         # (n, H, L, Dv) -> (n * L, H, Dv): free when the kernel wrote (n, L, H, Dv), as SDPA does
         outs.append(out.transpose(1, 2).reshape(n * length, out.shape[1], out.shape[3]))

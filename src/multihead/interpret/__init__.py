@@ -1,7 +1,35 @@
-"""See what every head does: capture, head gates, metrics, importance and reports."""
+"""See what every head does: hook points, caches, ablation, patching, the logit lens, direct
+logit attribution, capture, head gates, metrics, importance and reports."""
 
+from .ablation import ablate, mean_ablation, resample_ablation, zero_ablation
+from .attribution import Attribution, direct_logit_attribution
 from .capture import AttentionRecord, Records, capture
 from .gates import head_gates
+from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
+from .lens import LensResult, logit_lens
+from .patching import PatchResult, patch
 from .scope import attention_modules
 
-__all__ = ["AttentionRecord", "Records", "attention_modules", "capture", "head_gates"]
+__all__ = [
+    "ActivationCache",
+    "AttentionRecord",
+    "Attribution",
+    "LensResult",
+    "PatchResult",
+    "Records",
+    "ablate",
+    "act_name",
+    "attention_modules",
+    "capture",
+    "direct_logit_attribution",
+    "head_gates",
+    "hook_names",
+    "hooks",
+    "logit_lens",
+    "mean_ablation",
+    "patch",
+    "resample_ablation",
+    "run_with_cache",
+    "run_with_hooks",
+    "zero_ablation",
+]

@@ -1,24 +1,92 @@
-"""Run a pretrained encoder on texts and measure its heads: the glue between a model and the
-pure metrics. Each text runs alone (no padding), under `capture`."""
+"""Run an inspectable model (an encoder or a causal LM, see `subject`) on texts and measure
+its heads: the glue between a model and the pure metrics. Each text runs alone (no padding),
+under `capture`.
+
+What was measured travels with the result: how many tokens of each text were analysed (and
+whether the rest was cut off), which roles come from the text and which from the
+repeated-random-token probe, whether a text was too short to measure, whether the patterns are
+causal (then metrics that would look at later tokens are listed in `undefined`), and which
+tokens the sink metric measured."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .capture import capture
-from .metrics import copy_scores, corpus_metrics
-from .roles import HeadRole, head_roles
+from .metrics import (
+    CAUSAL_UNDEFINED,
+    INDUCTION_OFFSETS,
+    PREVIOUS_DISTANCES,
+    SPECIAL_TOKENS,
+    best_offset,
+    copy_mass_by_offset,
+    corpus_metrics,
+)
+from .roles import RULES, SOURCES, HeadRole, RoleRule, head_roles
+from .subject import Subject, as_subject
+
+# Fewer real tokens than this (besides [CLS]/[SEP]) and the text-based metrics mostly measure
+# the special tokens: with "Hi" ([CLS] hi [SEP]) every head looks like a sink.
+MIN_CONTENT_TOKENS = 5
+
+# Wraps one loop of the analysis: (iterable, description, total) -> iterable, e.g. tqdm.
+Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
+
+
+def _no_progress(items: Iterable[Any], desc: str, total: int) -> Iterable[Any]:
+    return items
 
 
 @dataclass
 class TextAttention:
     tokens: list[str]
     attn: Tensor  # (L, H, T, T)
+    text: str = ""  # the part of the text that the tokens cover (all of it unless truncated)
+    total_tokens: int = -1  # the whole text's token count, special tokens included
+    special: list[bool] | None = None  # which tokens are special (default: SPECIAL_TOKENS)
+    sinks: list[int] | None = None  # the positions the sink metric measured (default: special)
+    word_starts: list[bool] | None = None  # which tokens start a word (default: not "##")
+
+    def __post_init__(self) -> None:
+        if self.total_tokens < 0:
+            self.total_tokens = len(self.tokens)
+        if self.special is None:
+            self.special = [t in SPECIAL_TOKENS for t in self.tokens]
+        if self.word_starts is None:
+            self.word_starts = [i == 0 or not t.startswith("##") for i, t in enumerate(self.tokens)]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total_tokens > len(self.tokens)
+
+    @property
+    def content_tokens(self) -> int:
+        """Tokens other than special tokens ([CLS]/[SEP], BOS)."""
+        return len(self.tokens) - sum(self.special or ())
+
+
+@dataclass(frozen=True)
+class ProbeInfo:
+    """The repeated-random-token probe behind the duplicate and induction scores."""
+
+    length: int
+    trials: int
+    seed: int
+    prefix: tuple[str, ...] = ("[CLS]",)  # the special tokens around R filler R
+    suffix: tuple[str, ...] = ("[SEP]",)
+
+    def __str__(self) -> str:
+        layout = " ".join([*self.prefix, "R filler R", *self.suffix])
+        return (
+            f"{self.trials} sequences {layout}, R = {self.length} random tokens; "
+            f"the same for every text"
+        )
 
 
 @dataclass
@@ -26,67 +94,209 @@ class Analysis:
     texts: list[TextAttention]
     metrics: dict[str, Tensor]  # name -> (L, H)
     roles: list[list[list[HeadRole]]]
+    probe: ProbeInfo | None = None
+    max_tokens: int = 0  # the token limit each text was cut to
+    notes: list[str] = field(default_factory=list)  # truncation and too-short warnings
+    kind: str = "encoder"  # "encoder" or "causal LM"
+    causal: bool = False  # causal patterns: only the lower triangle (keys <= query) holds weight
+    undefined: dict[str, str] = field(default_factory=dict)  # metric -> why it is n/a here
+    sink_label: str = "[CLS]/[SEP]"  # the tokens the "special" (sink) metric measured
 
     @property
     def shape(self) -> tuple[int, int]:
         L, H = self.metrics["previous"].shape
         return L, H
 
+    @property
+    def text_measured(self) -> bool:
+        """False when every text was too short for roles measured on the text."""
+        return any(t.content_tokens >= MIN_CONTENT_TOKENS for t in self.texts)
 
-def _attention_of(encoder, ids: list[int]) -> Tensor:
+
+def _attention_of(subject: Subject, ids: list[int]) -> Tensor:
     """(L, H, T, T) weights of one unpadded token sequence, via `capture`."""
-    with torch.inference_mode(), capture(encoder, keep_qkv=False) as records:
-        encoder(torch.tensor([ids]))
-    return torch.stack([r.weights[0] for r in records])
+    with torch.inference_mode(), capture(subject.model, keep_qkv=False) as records:
+        subject.run(ids)
+    return torch.stack([r.weights[0] for r in records]).cpu()
 
 
-def text_attention(encoder, text: str) -> TextAttention:
-    """Token strings and per-layer weights (L, H, T, T) of one text, via `capture`."""
-    ids = encoder.tokenize([text])[0]
-    attn = _attention_of(encoder, ids).float()  # (L, H, T, T)
-    tokens = [encoder.tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
-    return TextAttention(tokens, attn)
+def token_limit(model, max_tokens: int | None = None) -> int:
+    """The number of tokens a text is cut to: the model's own length (256 for MiniLM and,
+    by default, for causal LMs) unless `max_tokens` asks for another, up to its position table
+    (512 for MiniLM)."""
+    return as_subject(model).token_limit(max_tokens)
+
+
+def text_attention(model, text: str, *, max_tokens: int | None = None) -> TextAttention:
+    """Token strings and per-layer weights (L, H, T, T) of one text, via `capture`; the text is
+    cut to `token_limit(model, max_tokens)` tokens (see `TextAttention.truncated`)."""
+    subject = as_subject(model)
+    return _text_attention(subject, text, subject.token_limit(max_tokens))
+
+
+def _text_attention(subject: Subject, text: str, limit: int) -> TextAttention:
+    encoded = subject.encode(text, limit)
+    ids = encoded.ids
+    attn = _attention_of(subject, ids).float()  # (L, H, T, T)
+    tokens = subject.token_strings(ids)
+    return TextAttention(
+        tokens,
+        attn,
+        encoded.covered,
+        encoded.total,
+        special=subject.special_mask(ids),
+        sinks=subject.sinks(ids),
+        word_starts=subject.word_starts(tokens),
+    )
 
 
 def copy_probe(
-    encoder, *, length: int = 16, trials: int = 8, seed: int = 0
-) -> tuple[Tensor, Tensor]:
-    """Duplicate-token and induction scores (L, H) on [CLS] R filler R [SEP], R random tokens.
+    model,
+    *,
+    length: int = 16,
+    trials: int = 8,
+    seed: int = 0,
+    offsets: Sequence[int] = INDUCTION_OFFSETS,
+    progress: Progress = _no_progress,
+) -> dict[str, Tensor]:
+    """Duplicate-token and induction scores (L, H) on R filler R between the model's special
+    tokens ([CLS] ... [SEP]; BOS ... in a causal LM with one), R random tokens of its own
+    vocabulary: "duplicate" (offset 0), "induction" (offset +1), and the best induction score
+    over `offsets` ("induction_best") with the offset that gave it ("induction_offset"), each
+    offset's score averaged over the trials first.
 
     The filler's length is random (1 .. length) in each trial, so a head attending at a fixed
     offset cannot score as an induction head by matching the period.
     """
+    subject = as_subject(model)
+    if length < 2 or trials < 1:
+        raise ValueError(f"the probe needs length >= 2 and trials >= 1, got {length}, {trials}")
     rng = random.Random(seed)
-    tok = encoder.tokenizer
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    vocab = tok.get_vocab_size()
-    # ordinary word pieces only: skip the reserved/special block at the start of BERT vocabularies
-    low = min(1000, vocab // 2)
-    dup_total: Tensor | int = 0
-    ind_total: Tensor | int = 0
-    for _ in range(trials):
-        seq = [rng.randrange(low, vocab) for _ in range(length)]
-        filler = [rng.randrange(low, vocab) for _ in range(rng.randint(1, length))]
-        ids = [cls_id, *seq, *filler, *seq, sep_id]
-        attn = _attention_of(encoder, ids)
-        dup, ind = copy_scores(attn, 1, 1 + length + len(filler), length)
-        dup_total = dup_total + dup
-        ind_total = ind_total + ind
-    return dup_total / trials, ind_total / trials  # type: ignore[return-value]
+    scanned = sorted({0, 1, *offsets})
+    scans = []  # (O, L, H) per trial
+    for _ in progress(range(trials), "random-token probe", trials):
+        seq = subject.random_tokens(rng, length)
+        filler = subject.random_tokens(rng, rng.randint(1, length))
+        ids = [*subject.prefix, *seq, *filler, *seq, *subject.suffix]
+        first = len(subject.prefix)
+        attn = _attention_of(subject, ids)
+        second = first + length + len(filler)
+        scans.append(copy_mass_by_offset(attn, first, second, length, scanned))
+    mean = torch.stack(scans).mean(0).float()  # (O, L, H)
+    best, offset = best_offset(mean[[scanned.index(o) for o in offsets]], offsets)
+    return {
+        "duplicate": mean[scanned.index(0)],
+        "induction": mean[scanned.index(1)],
+        "induction_best": best,
+        "induction_offset": offset.float(),
+    }
+
+
+def _notes(items: list[TextAttention], limit: int, model_limit: int, special: str) -> list[str]:
+    """Truncation and too-short warnings; `special` names the special tokens ("[CLS]/[SEP]")."""
+    notes = []
+    cut = [x for x in items if x.truncated]
+    more = f" (the model reads up to {model_limit})" if limit < model_limit else ""
+    if len(items) == 1 and cut:
+        x = cut[0]
+        notes.append(
+            f"truncated: analysed the first {len(x.tokens)} of {x.total_tokens} tokens; "
+            f"the rest of the text was not analysed{more}"
+        )
+    elif cut:
+        notes.append(
+            f"truncated: {len(cut)} of {len(items)} texts were longer than {limit} tokens{more}; "
+            f"only their first {limit} tokens were analysed"
+        )
+    besides = f" besides {special}" if special else ""
+    short = [x for x in items if x.content_tokens < MIN_CONTENT_TOKENS]
+    if len(items) == 1 and short:
+        n = short[0].content_tokens
+        notes.append(
+            f"too short to measure: the text has {n} token{'s' * (n != 1)}{besides}, "
+            f"and roles measured on a text need at least {MIN_CONTENT_TOKENS}; only the "
+            f"random-token probe's roles are given"
+        )
+    elif len(short) == len(items):
+        notes.append(
+            f"too short to measure: every text has fewer than {MIN_CONTENT_TOKENS} tokens"
+            f"{besides}; only the random-token probe's roles are given"
+        )
+    elif short:
+        notes.append(
+            f"{len(short)} of {len(items)} texts have fewer than {MIN_CONTENT_TOKENS} tokens"
+            f"{besides}; their special tokens weigh heavily in the means"
+        )
+    return notes
 
 
 def analyze(
-    encoder,
+    model,
     texts: Sequence[str],
     *,
     probe: bool = True,
-    progress: Callable[[Sequence[str]], Sequence[str]] | None = None,
+    max_tokens: int | None = None,
+    progress: Progress | None = None,
+    rules: Sequence[RoleRule] = RULES,
+    previous_distances: Sequence[int] = PREVIOUS_DISTANCES,
+    induction_offsets: Sequence[int] = INDUCTION_OFFSETS,
 ) -> Analysis:
-    """Metrics of every head averaged over `texts`, plus the repeated-token probe, and roles."""
+    """Metrics of every head averaged over `texts`, plus the repeated-token probe, and roles.
+
+    `model`: a `Subject` (`EncoderSubject`, `CausalLMSubject`, see `subject.load_subject`) or
+    a `SentenceEncoder`. Each text is cut to `token_limit(model, max_tokens)` tokens;
+    `Analysis.notes` says when that cut anything, or when the texts are too short for roles
+    measured on them. For a causal LM the metrics leave out what a causal pattern cannot show
+    (`Analysis.undefined`). Previous-token and induction roles come from scans over
+    `previous_distances` and `induction_offsets` and say the offset that was measured; `rules`
+    holds the role thresholds (see `roles.with_thresholds`). `progress(iterable, description,
+    total)` wraps the loops (over texts, over probe trials).
+    """
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"texts must be a sequence of strings, got {type(texts).__name__}")
     if not texts:
         raise ValueError("analyze needs at least one text")
-    items = [text_attention(encoder, t) for t in (progress(texts) if progress else texts)]
-    metrics = corpus_metrics((x.attn, x.tokens) for x in items)
+    subject = as_subject(model)
+    wrap = progress or _no_progress
+    limit = subject.token_limit(max_tokens)
+    items = [_text_attention(subject, text, limit) for text in wrap(texts, "texts", len(texts))]
+    metrics = corpus_metrics(
+        ((x.attn, x.tokens, x.sinks or [0]) for x in items),
+        causal=subject.causal,
+        previous_distances=previous_distances,
+    )
+    probe_info = None
     if probe:
-        metrics["duplicate"], metrics["induction"] = copy_probe(encoder)
-    return Analysis(items, {k: v.float() for k, v in metrics.items()}, head_roles(metrics))
+        special = subject.token_strings([*subject.prefix, *subject.suffix])
+        probe_info = ProbeInfo(
+            length=16,
+            trials=8,
+            seed=0,
+            prefix=tuple(special[: len(subject.prefix)]),
+            suffix=tuple(special[len(subject.prefix) :]),
+        )
+        metrics.update(
+            copy_probe(
+                subject,
+                length=probe_info.length,
+                trials=probe_info.trials,
+                seed=probe_info.seed,
+                offsets=induction_offsets,
+                progress=wrap,
+            )
+        )
+    result = Analysis(
+        items,
+        {k: v.float() for k, v in metrics.items()},
+        [],
+        probe_info,
+        limit,
+        _notes(items, limit, subject.max_positions, subject.special_label),
+        kind=subject.kind,
+        causal=subject.causal,
+        undefined=dict(CAUSAL_UNDEFINED) if subject.causal else {},
+        sink_label=subject.sink_label,
+    )
+    sources = SOURCES if result.text_measured else tuple(s for s in SOURCES if s != "text")
+    result.roles = head_roles(metrics, rules, sources=sources, sinks=subject.sink_label)
+    return result

@@ -5,8 +5,8 @@
     records[0].name, records[0].weights  # (B, H, Tq, Tk)
 
 The model's own computation is untouched (same backend, same outputs, bit for bit); the
-weights are computed beside it with the eager backend, only while capturing. They are the
-attention probabilities before dropout.
+weights are computed beside it with the eager backend, only while capturing and only in the
+context (thread) that opened the capture. They are the attention probabilities before dropout.
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..functional.attention import INTERCEPTORS
-from ..functional.backends import get_backend
-from .scope import tracked_names
+from ..functional.call import AttentionCall
+from ..hook_points import HookSession
+from .hooks import eager_only
 
 
 @dataclass(frozen=True)
 class AttentionRecord:
     """One attention call. Shapes: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv),
-    weights (B, H, Tq, Tk). All detached."""
+    weights (B, H, Tq, Tk). All detached. q and k are as attended: after RoPE, and k/v hold
+    every key the call saw (with a KV cache, the cached ones too)."""
 
     name: str
     q: Tensor
@@ -51,34 +52,31 @@ class Records(list):
 
 @contextmanager
 def capture(model: nn.Module | None = None, *, keep_qkv: bool = True) -> Iterator[Records]:
-    """Record every multihead attention call made inside the block (by `model` or anything else).
+    """Record the attention calls made inside the block by `model`'s attention modules (or,
+    with no model, by any multihead attention module or `functional.attention` call).
 
-    `model` names the records after its attention modules ("layers.3.attn"); calls from
-    elsewhere are named "attention". `keep_qkv=False` keeps only the weights (less memory).
+    Records are named after the modules ("layers.3.attn"; "attention" without a model).
+    `keep_qkv=False` keeps only the weights (less memory). Only this thread's (context's)
+    calls are recorded.
     """
     records = Records()
-    eager = get_backend("eager")
+    names: dict[int, str] = {}
+    if model is not None:
+        model = eager_only(model, "capture()")
+        names = {id(m): n or "attention" for n, m in model.named_modules()}
 
-    with tracked_names(model) as names:
-
-        def observe(call, backend, run):
-            out, weights = run(call, backend)
-            if weights is None or call.dropout_p > 0:
-                weights = eager.run(call._replace(return_weights=True, dropout_p=0.0))[1]
-            empty = call.q.new_empty(0)
-            records.append(
-                AttentionRecord(
-                    names.current,
-                    call.q.detach() if keep_qkv else empty,
-                    call.k.detach() if keep_qkv else empty,
-                    call.v.detach() if keep_qkv else empty,
-                    weights.detach(),
-                )
+    def observe(prefix: str, call: AttentionCall, weights: Tensor) -> None:
+        empty = call.q.new_empty(0)
+        records.append(
+            AttentionRecord(
+                prefix,
+                call.q.detach() if keep_qkv else empty,
+                call.k.detach() if keep_qkv else empty,
+                call.v.detach() if keep_qkv else empty,
+                weights.detach(),
             )
-            return out, (weights if call.return_weights else None)
+        )
 
-        INTERCEPTORS.append(observe)
-        try:
-            yield records
-        finally:
-            INTERCEPTORS.remove(observe)
+    session = HookSession(model, observer=observe, observer_names=names)
+    with session.active():
+        yield records

@@ -4,6 +4,9 @@ without editing weights. All gates at 1 reproduce the model exactly (x * 1.0 == 
     gates = torch.ones(num_layers, num_heads, requires_grad=True)
     with head_gates(model, gates):
         loss = ...           # d loss / d gates: gradient head importance (Michel et al. 2019)
+
+Built on the `hook_z` hook point: it acts only on `model`, only in this thread (context), and
+only inside the block.
 """
 
 from __future__ import annotations
@@ -13,8 +16,17 @@ from contextlib import contextmanager
 
 from torch import Tensor, nn
 
-from ..functional.attention import INTERCEPTORS
-from .scope import attention_modules, tracked_names
+from ..hook_points import HookFn, HookSession, module_names
+from .hooks import eager_only
+from .scope import attention_modules
+
+
+def _gate(g: Tensor) -> HookFn:
+    def apply(z: Tensor, name: str) -> Tensor:
+        # z (B, T, H, D) (packed input: (1, N, H, D)) * (H, 1)
+        return z * g.to(z.dtype)[:, None]
+
+    return apply
 
 
 @contextmanager
@@ -24,6 +36,7 @@ def head_gates(model: nn.Module, gates: Tensor | dict[str, Tensor]) -> Iterator[
     `gates`: a (layers, heads) tensor, rows in the order of `attention_modules(model)`, or a
     dict from attention module name to a (heads,) tensor (modules not named keep all heads).
     """
+    model = eager_only(model, "head_gates()")
     modules = attention_modules(model)
     if isinstance(gates, Tensor):
         if gates.dim() != 2 or gates.shape[0] != len(modules):
@@ -32,30 +45,24 @@ def head_gates(model: nn.Module, gates: Tensor | dict[str, Tensor]) -> Iterator[
                 f"got {tuple(gates.shape)}"
             )
         by_name = {name: gates[i] for i, (name, _) in enumerate(modules)}
-    else:
+    elif isinstance(gates, dict):
         known = {name for name, _ in modules}
         unknown = sorted(set(gates) - known)
         if unknown:
             raise ValueError(f"unknown attention modules {unknown}; known: {sorted(known)}")
         by_name = dict(gates)
+    else:
+        raise TypeError(f"gates must be a tensor or a dict of tensors, got {type(gates).__name__}")
+    prefixes = module_names(model)
+    fwd_hooks = []
     for name, module in modules:
         g = by_name.get(name)
-        if g is not None and g.shape != (module.num_heads,):
-            raise ValueError(
-                f"gates for {name} must have shape ({module.num_heads},), got {tuple(g.shape)}"
-            )
-
-    with tracked_names(model) as names:
-
-        def gate(call, backend, run):
-            out, weights = run(call, backend)
-            g = by_name.get(names.current)
-            if g is not None:
-                out = out * g.to(out.dtype).view(1, -1, 1, 1)  # (B, H, Tq, Dv) * (1, H, 1, 1)
-            return out, weights
-
-        INTERCEPTORS.append(gate)
-        try:
-            yield
-        finally:
-            INTERCEPTORS.remove(gate)
+        if g is None:
+            continue
+        if not isinstance(g, Tensor) or g.shape != (module.num_heads,):
+            got = tuple(g.shape) if isinstance(g, Tensor) else type(g).__name__
+            raise ValueError(f"gates for {name} must have shape ({module.num_heads},), got {got}")
+        prefix = prefixes[id(module)]
+        fwd_hooks.append((f"{prefix}.hook_z" if prefix else "hook_z", _gate(g)))
+    with HookSession(model, fwd_hooks, writes=True).active():
+        yield

@@ -1,6 +1,14 @@
 """One self-contained HTML report: scripts, styles and data inline; no request to any network
-address; element ids prefixed per report so several reports can share a page. Weights are
-stored as base64 uint16 (T*T*L*H*2 bytes), not JSON float lists."""
+address; element ids prefixed per report so several reports can share a page (or a Jupyter
+notebook: `HTMLReport` displays itself inline).
+
+Weights travel compactly: integers in units of 1e-4 (as in the JSON report), as uint16 split
+into a high-byte and a low-byte plane (the high bytes are nearly all zero), deflated and base64
+encoded; the page inflates them with the browser's DecompressionStream. A 256-token MiniLM
+report is about 4.5 MB instead of 12.6 MB of base64 uint16.
+
+A causal report greys out the upper triangle (keys after the query, which a causal head cannot
+see) and shows metrics a causal pattern does not define (next-token mass) as "n/a"."""
 
 from __future__ import annotations
 
@@ -8,13 +16,14 @@ import base64
 import html
 import json
 import secrets
+import zlib
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
 from .analysis import Analysis
-from .metrics import SPECIAL_TOKENS
-from .roles import RULES
+from .roles import RULES, SOURCE_NAMES, strongest
 
 TABLE_METRICS = (
     "previous",
@@ -28,11 +37,34 @@ TABLE_METRICS = (
     "confidence_content",
     "duplicate",
     "induction",
+    "previous_best",
+    "previous_distance",
+    "induction_best",
+    "induction_offset",
 )
+WEIGHT_UNIT = 1e-4
 
 
 def _asset(name: str) -> str:
     return (resources.files("multihead.interpret") / "assets" / name).read_text("utf-8")
+
+
+def pack_weights(attn: np.ndarray) -> str:
+    """(L, H, T, T) weights in [0, 1] -> base64 of the deflated high-byte then low-byte planes
+    of uint16 values in units of 1e-4 (what report.js `unpack` reverses)."""
+    units = np.rint(np.clip(attn.astype(np.float64), 0, 1) / WEIGHT_UNIT).astype("<u2")  # <= 10000
+    planes = units.reshape(-1).view(np.uint8).reshape(-1, 2)  # little-endian: [low, high]
+    data = np.concatenate([planes[:, 1], planes[:, 0]]).tobytes()
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+
+
+def opening_head(analysis: Analysis, open_head=None) -> tuple[int, int]:
+    """The head a report opens with: the one asked for, else the strongest role measured on the
+    text, else the strongest role, else layer 0, head 0."""
+    if open_head is not None:
+        return int(open_head[0]), int(open_head[1])
+    best = strongest(analysis.roles, 1, source="text") or strongest(analysis.roles, 1)
+    return (best[0].layer, best[0].head) if best else (0, 0)
 
 
 def report_data(
@@ -40,46 +72,69 @@ def report_data(
 ) -> dict:
     item = analysis.texts[text_index]
     L, H = analysis.shape
-    quantised = np.round(item.attn.clamp(0, 1).numpy() * 65535).astype("<u2")
     roles = [
         [
-            {"role": r[0].role, "text": r[0].description} if r else None
-            for r in analysis.roles[layer]
+            [{"role": r.role, "text": r.description, "source": r.source} for r in head]
+            for head in analysis.roles[layer]
         ]
         for layer in range(L)
     ]
-    names = [m for m in TABLE_METRICS if m in analysis.metrics]
+    names = [m for m in TABLE_METRICS if m in analysis.metrics or m in analysis.undefined]
     return {
         "id": "mh-" + secrets.token_hex(4),
         "title": title,
         "L": L,
         "H": H,
         "tokens": item.tokens,
-        "special": sorted(SPECIAL_TOKENS),
-        "weights": base64.b64encode(quantised.tobytes()).decode("ascii"),
+        "tokens_total": item.total_tokens,
+        "notes": analysis.notes,
+        "special": item.special,  # per token: hidden by "hide special tokens"
+        "word_starts": item.word_starts,  # per token: False joins the word before when merged
+        "causal": analysis.causal,
+        "kind": analysis.kind,
+        "undefined": {m: why for m, why in analysis.undefined.items() if m in names},
+        "weights": pack_weights(item.attn.numpy()),
+        "unit": WEIGHT_UNIT,
         "roles": roles,
+        "sources": SOURCE_NAMES,
+        "probe": str(analysis.probe) if analysis.probe else None,
         "metric_names": names,
-        "metrics": {m: analysis.metrics[m].round(decimals=4).tolist() for m in names},
-        "role_metric": {r.role: r.metric for r in RULES},
-        "open": list(open_head) if open_head else None,
+        "metrics": {
+            m: analysis.metrics[m].round(decimals=4).tolist()
+            for m in names
+            if m in analysis.metrics
+        },
+        "role_metric": {
+            r.role: r.metric if r.metric in names else (r.fallback or r.metric) for r in RULES
+        },
+        "open": list(opening_head(analysis, open_head)),
     }
 
 
 def render_html(data: dict) -> str:
-    """The report's HTML fragment (a div and its scripts), embeddable in any page."""
+    """The report's HTML fragment (its style, a div and its scripts), embeddable in any page."""
     i = data["id"]
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     title = html.escape(data["title"])
-    return f"""<div class="mh-report" id="{i}">
-<h2>{title}</h2>
-<div class="mh-bar">
+    notes = "".join(f'<p class="mh-note">{html.escape(n)}</p>' for n in data["notes"])
+    return f"""<style>{_asset("report.css")}</style>
+<div class="mh-report" id="{i}">
+<h2 title="{title}">{title}</h2>
+{notes}<div class="mh-bar">
   <label><input type="checkbox" id="{i}-special"> hide special tokens (rows renormalised)</label>
   <label><input type="checkbox" id="{i}-merge"> merge word pieces into words</label>
-  <span>Click a head for its heatmap and line view.</span>
+  <span class="mh-legend" id="{i}-legend"></span>
 </div>
-<div class="mh-grid" id="{i}-grid"></div>
-<h3 id="{i}-title">Click a head in the grid</h3>
-<div class="mh-detail"><canvas id="{i}-heat"></canvas><svg id="{i}-lines"></svg></div>
+<div class="mh-main">
+  <div class="mh-left"><div class="mh-grid" id="{i}-grid"></div>
+    <p class="mh-hint">Click a head: its heatmap and line view open on the right.</p></div>
+  <div class="mh-detail">
+    <h3 id="{i}-title">Loading the report…</h3>
+    <div class="mh-heatbox" id="{i}-heatbox"></div>
+    <div class="mh-scale" id="{i}-scale"></div>
+    <div class="mh-linebox"><svg id="{i}-lines"></svg></div>
+  </div>
+</div>
 <div class="mh-bar"><b>Metrics</b> <select id="{i}-role"></select>
   <span>click a column header to sort</span></div>
 <div class="mh-scroll"><table id="{i}-table"></table></div>
@@ -96,16 +151,35 @@ CSP = (
 )
 
 
-def write_html(analysis: Analysis, path, *, title: str = "", open_head=None) -> None:
-    data = report_data(analysis, title=title, open_head=open_head)
-    page = f"""<!DOCTYPE html>
+class HTMLReport:
+    """An interactive report of one text's attention. In Jupyter it displays itself inline;
+    `save(path)` writes a standalone page."""
+
+    def __init__(
+        self, analysis: Analysis, *, title: str = "", open_head=None, text_index: int = 0
+    ) -> None:
+        self.title = title
+        self.data = report_data(analysis, text_index=text_index, title=title, open_head=open_head)
+
+    def fragment(self) -> str:
+        return render_html(self.data)
+
+    def _repr_html_(self) -> str:
+        return self.fragment()
+
+    def page(self) -> str:
+        return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 {CSP}
-<title>{html.escape(title or "multihead attention report")}</title>
-<style>{_asset("report.css")}</style></head>
+<title>{html.escape(self.title or "multihead attention report")}</title></head>
 <body>
-{render_html(data)}
+{self.fragment()}
 </body></html>
 """
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.page(), encoding="utf-8")
+
+
+def write_html(analysis: Analysis, path, *, title: str = "", open_head=None) -> None:
+    HTMLReport(analysis, title=title, open_head=open_head).save(path)

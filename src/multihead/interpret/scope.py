@@ -1,63 +1,29 @@
-"""Which attention module is running: forward hooks keep a stack of module names, so anything
-observing `functional.dispatch` can tell which layer a call came from."""
+"""Which modules of a model are attention modules (they have the attention hook points)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import torch
 from torch import nn
 
-from ..compat import MultiheadAttention as DropIn
-from ..modules import MultiHeadAttention
+from ..hook_points import join, module_names
 
-ATTENTION_TYPES: tuple[type[nn.Module], ...] = (MultiHeadAttention, DropIn)
+
+def is_attention(module: object) -> bool:
+    """MultiHeadAttention and the torch drop-in (anything with a `hook_pattern` hook point)."""
+    return "hook_pattern" in getattr(module, "hook_points", ())
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of every multihead attention module in `model`, in registration order."""
+    return [(n or "attention", m) for n, m in model.named_modules() if is_attention(m)]
+
+
+def attention_hook_names(model: nn.Module, point: str) -> list[tuple[str, int]]:
+    """(hook name of `point`, number of heads) for every attention module of `model`, in the
+    order of `attention_modules` (the rows of `head_gates`): for CausalLM, BERT and the Encoder,
+    row i is block i ("blocks.1.attn.hook_z"); a decoder's cross-attention has its own row
+    after its block's self-attention."""
+    prefixes = module_names(model)
     return [
-        (n or "attention", m) for n, m in model.named_modules() if isinstance(m, ATTENTION_TYPES)
+        (join(prefixes[id(m)], point), int(getattr(m, "num_heads", 0)))
+        for _, m in attention_modules(model)
     ]
-
-
-class NameStack:
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    @property
-    def current(self) -> str:
-        return self.names[-1] if self.names else "attention"
-
-
-@contextmanager
-def tracked_names(model: nn.Module | None) -> Iterator[NameStack]:
-    """Push each attention module's name while its forward runs.
-
-    Also turns off torch's MHA fast path for the duration: inside TransformerEncoderLayer in
-    eval it would call torch's fused kernel and skip the drop-in's forward (nothing to observe).
-    """
-    stack = NameStack()
-
-    def enter(name: str):
-        def hook(module, args) -> None:
-            stack.names.append(name)
-
-        return hook
-
-    def leave(module, args, output) -> None:  # must return None: a value would replace output
-        stack.names.pop()
-
-    handles = []
-    for name, module in attention_modules(model) if model is not None else []:
-        handles.append(module.register_forward_pre_hook(enter(name)))
-        handles.append(module.register_forward_hook(leave))
-    fast_path = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield stack
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fast_path)
-        for h in handles:
-            h.remove()

@@ -1,33 +1,40 @@
-"""MultiHeadAttention: owns the projections and the reshapes; the math is `functional.attention`.
+"""MultiHeadAttention: owns the projections and the reshapes; the math is one `AttentionCall`
+through `functional.dispatch`.
 
 Shape legend: B batch, Tq/Tk query/key lengths, C embed_dim, H heads, Hkv key/value heads,
-D head_dim.
+D head_dim, N packed tokens.
+
+A forward is four steps, the same in every mode: project (and split heads), place the keys
+(positions, cache), attend, merge heads and project out. Padded self-attention, cross-attention
+(key/value or a CrossKVCache) and KV-cached decoding differ only in where the keys come from
+(a `KeySet`); packed sequences (`lengths=`) have their own short path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..cache import CrossKVCache, KVCache
-from ..functional import AttentionCall, check_mask, dispatch, masks
-from ..functional.masks import key_mask_to_mask
+from ..cache import CrossKVCache, KeySet, KVCache
+from ..functional.call import check_dropout, check_flag, check_mask, default_scale, make_call
+from ..functional.masks import combine
 from ..functional.varlen import VarLen, varlen_dispatch
-from ..positional import ALiBi, RotaryEmbedding
-
-
-def _apply_linear(layer: nn.Module, x: Tensor) -> Tensor:
-    """`layer(x)`, minus Module.__call__ for a plain nn.Linear (whose forward is exactly F.linear).
-
-    That call costs ~7 us, a sixth of the whole layer at small shapes. Layers replaced by another
-    type (LoRA, quantized) run their own forward; hooks on a plain nn.Linear projection do not fire.
-    """
-    if type(layer) is nn.Linear:
-        return F.linear(x, layer.weight, layer.bias)
-    return layer(x)
+from ..hook_points import ModuleHooks, hooks_for
+from ..positional.scheme import PositionScheme
+from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, WEIGHT_POINTS, attend, head_results
+from .attention_inputs import Inputs, batch_inputs, check_key_mask, check_positions
+from .projections import (
+    PackedWeights,
+    heads_first,
+    linear,
+    packed_key_value,
+    packed_query,
+    project_packed,
+    split_fused,
+)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -48,12 +55,19 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads Hkv (must divide H); defaults to H. 1 = multi-query.
         head_dim: width D of each head; defaults to `embed_dim // num_heads`.
         kdim, vdim: widths of the key and value inputs (cross-attention); default `embed_dim`.
-        bias: biases on the projections.
+        bias: biases on the q/k/v projections (and, by default, the output projection).
+        out_bias: bias on the output projection; defaults to `bias` (Qwen2: q/k/v only).
         dropout: dropout on the attention probabilities, in training mode only.
         causal: default for `forward(causal=...)`.
-        position: a `RotaryEmbedding` (rotates q and k) or an `ALiBi` (adds its bias), applied to
-            self-attention; positions continue from a KV cache's length.
+        position: a `PositionScheme` (`RotaryEmbedding` rotates q and k, `ALiBi` adds its
+            bias), applied to self-attention; positions continue from a KV cache's length.
+
+    Hook points (see `multihead.interpret`): hook_q, hook_k, hook_v (B, T, H or Hkv, D; before
+    rotation), hook_rot_q, hook_rot_k (after RoPE; only with it), hook_attn_scores, hook_pattern
+    (B, H, Tq, Tk), hook_z (B, Tq, H, D), hook_result (B, Tq, H, C).
     """
+
+    hook_points: tuple[str, ...] = ATTENTION_HOOK_POINTS
 
     def __init__(
         self,
@@ -65,9 +79,10 @@ class MultiHeadAttention(nn.Module):
         kdim: int | None = None,
         vdim: int | None = None,
         bias: bool = True,
+        out_bias: bool | None = None,
         dropout: float = 0.0,
         causal: bool = False,
-        position: nn.Module | None = None,
+        position: PositionScheme | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -89,17 +104,10 @@ class MultiHeadAttention(nn.Module):
         head_dim = _positive_int("head_dim", head_dim)
         kdim = _positive_int("kdim", embed_dim if kdim is None else kdim)
         vdim = _positive_int("vdim", embed_dim if vdim is None else vdim)
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-            or not 0 <= dropout < 1
-        ):
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-
         self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.dropout = float(dropout)
-        self.causal = bool(causal)
+        self.dropout = check_dropout(dropout, "dropout")
+        self.causal = check_flag("causal", causal)
         self.packed = kdim == embed_dim and vdim == embed_dim
         q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
         factory = {"device": device, "dtype": dtype}
@@ -109,14 +117,18 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(embed_dim, q_width, bias=bias, **factory)
             self.k_proj = nn.Linear(kdim, kv_width, bias=bias, **factory)
             self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
-        self.out_proj = nn.Linear(q_width, embed_dim, bias=bias, **factory)
-        self._split = (q_width, kv_width, kv_width)
-        self._scale = head_dim**-0.5
-        if position is not None and not isinstance(position, (RotaryEmbedding, ALiBi)):
-            kind = type(position).__name__
-            raise TypeError(f"position must be a RotaryEmbedding, an ALiBi or None, got {kind}")
-        if isinstance(position, RotaryEmbedding) and position.head_dim != head_dim:
-            raise ValueError(f"RotaryEmbedding head_dim {position.head_dim} != head_dim {head_dim}")
+        out_bias = bias if out_bias is None else out_bias
+        self.out_proj = nn.Linear(q_width, embed_dim, bias=out_bias, **factory)
+        self._widths = (q_width, kv_width, kv_width)
+        if position is not None:
+            if not isinstance(position, PositionScheme):
+                raise TypeError(
+                    "position must be a multihead.positional.PositionScheme (RotaryEmbedding, "
+                    f"ALiBi, ...) or None, got {type(position).__name__}"
+                )
+            position.check(num_heads, head_dim)
+            if position.uses_positions:
+                self.hook_points = ROTARY_HOOK_POINTS
         self.position = position
 
     def extra_repr(self) -> str:
@@ -150,7 +162,8 @@ class MultiHeadAttention(nn.Module):
         `cache`: a `KVCache` (self-attention: this call's keys are appended and every cached key is
         attended, causal alignment bottom-right; `key_mask` then covers this call's tokens only)
         or a `CrossKVCache` (the memory's keys/values are computed at the first call, then reused).
-        `positions`: (Tq,) or (B, Tq) positions for RoPE/ALiBi; default: from the cache's length.
+        `positions`: (Tq,) or (B, Tq) integer positions for RoPE; default: from the cache's
+        length (or 0). Refused when the position scheme does not use positions.
         `lengths`: self-attention over packed sequences: `query` is `(N, C)`, the tokens of
         sequences of these lengths one after another (see `functional.varlen`); each attends
         only to itself, with no padding computed, and RoPE/ALiBi positions restart at 0 in
@@ -158,243 +171,267 @@ class MultiHeadAttention(nn.Module):
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
+        causal = self.causal if causal is None else check_flag("causal", causal)
+        check_flag("return_weights", return_weights)
+        hooks = hooks_for(self)
         if lengths is not None:
-            unsupported = {
-                "key": key,
-                "value": value,
-                "mask": mask,
-                "key_mask": key_mask,
-                "cache": cache,
-                "positions": positions,
-                "return_weights": return_weights or None,
-            }
-            given = [name for name, arg in unsupported.items() if arg is not None]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)} cannot be combined with lengths: packed sequences are "
-                    "self-attention in which each sequence attends to itself only"
-                )
-            return self._forward_varlen(query, VarLen.of(lengths), causal)
+            self._refuse_with_lengths(key, value, mask, key_mask, cache, positions, return_weights)
+            return self._forward_packed(query, VarLen.of(lengths), causal, hooks)
+        weight = self.out_proj.weight
         if (
             key is None
             and value is None
+            and key_mask is None
+            and cache is None
             and isinstance(query, Tensor)
             and query.dim() == 3
             and query.shape[-1] == self.embed_dim
+            and query.dtype == weight.dtype
+            and query.device == weight.device
         ):
-            # The hot path (batched self-attention) needs no further checks.
-            key = value = query
-            self_attention, unbatched = True, False
+            # The hot path (batched self-attention, no key mask, no cache) needs no more checks.
+            x = Inputs(query, None, None, None, True, False)
         else:
-            self_attention = key is None or (key is query and (value is None or value is query))
-            key = query if key is None else key
-            value = key if value is None else value
-            unbatched = self._check_inputs(query, key, value)
-        if unbatched:
-            query, key, value = query[None], key[None], value[None]
-            if isinstance(key_mask, Tensor):
-                key_mask = key_mask[None]
-        bias = None
-        if cache is None and self.position is None:
-            q, k, v = self._project(query, key, value, self_attention)
-        else:
-            q, k, v, key_mask, bias, extra_mask = self._positions_and_cache(
-                query, key, value, self_attention, key_mask, cache, positions
-            )
-            mask = (
-                extra_mask if mask is None else (mask if extra_mask is None else mask & extra_mask)
-            )
+            cross_cache = cache is not None and cache.cross
+            x = batch_inputs(self, query, key, value, key_mask, cross_cache)
+        q, keys = self._queries_and_keys(x, cache, causal, positions, hooks)
         B, H, Tq, _ = q.shape
-        if mask is not None:  # user-supplied: checked here, since the call below is trusted
-            check_mask(mask, (B, H, Tq, k.shape[2]), q.device)
-        if key_mask is not None:
-            if not isinstance(key_mask, Tensor) or key_mask.shape != (B, k.shape[2]):
-                got = tuple(key_mask.shape) if isinstance(key_mask, Tensor) else key_mask
-                raise ValueError(f"key_mask must have shape (B, Tk) = {(B, k.shape[2])}, got {got}")
-            key_mask = key_mask_to_mask(key_mask)  # (B, Tk) -> (B, 1, 1, Tk)
-            mask = key_mask if mask is None else mask & key_mask
-        # q, k, v were shaped here from checked inputs: build the call directly (no re-checks).
-        call = AttentionCall(
+        if mask is not None:  # the user's mask, checked (as every mask is) before it is combined
+            mask = check_mask(mask, (B, H, Tq, keys.k.shape[2]), q.device)
+        key_mask_4d = None if keys.key_mask is None else keys.key_mask[:, None, None, :]
+        call = make_call(
             q,
-            k,
-            v,
-            mask,
-            bias,
-            self.causal if causal is None else bool(causal),
-            self._scale,
-            self.dropout if self.training else 0.0,
-            return_weights,
+            keys.k,
+            keys.v,
+            mask=combine(mask, keys.mask, key_mask_4d),
+            bias=self._bias(Tq, keys),
+            causal=keys.causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=return_weights,
+            qkv_checked=True,  # shaped here from checked inputs
         )
-        out, weights = dispatch(call)
-        # (B, H, Tq, D) -> (B, Tq, H*D) -> (B, Tq, C)
-        out = _apply_linear(self.out_proj, out.transpose(1, 2).reshape(B, Tq, self._split[0]))
-        if unbatched:
-            out = out[0]
+        out, weights = attend(call, hooks)
+        y = self._output(out, hooks)
+        if x.unbatched:
+            y = y[0]
             weights = None if weights is None else weights[0]
-        return (out, weights) if return_weights else out
+        return (y, weights) if return_weights else y
 
-    def _forward_varlen(self, query: Tensor, packed: VarLen, causal: bool | None) -> Tensor:
+    # -- step 1: projections ------------------------------------------------------------------
+
+    def _run_in_proj(self, x: Tensor) -> Tensor:
+        return linear(self.in_proj, x)
+
+    def _packed(self) -> PackedWeights:
+        return PackedWeights(self.in_proj.weight, self.in_proj.bias, self._run_in_proj)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool):
+        """Inputs -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D)."""
+        H, Hkv = self.num_heads, self.num_kv_heads
+        if not self.packed:
+            q, k, v = (
+                linear(self.q_proj, query),
+                linear(self.k_proj, key),
+                linear(self.v_proj, value),
+            )
+            return heads_first(q, H), heads_first(k, Hkv), heads_first(v, Hkv)
+        if self_attention:  # the hot path: one fused matmul, viewed per head, then split
+            q, k, v = split_fused(linear(self.in_proj, query), (H, Hkv, Hkv))
+            return q, k, v
+        return project_packed(self._packed(), (H, Hkv), query, key, value, False)
+
+    def _project_query(self, query: Tensor) -> Tensor:
+        """query (B, Tq, C) -> q (B, H, Tq, D), without touching the key/value rows."""
+        H = self.num_heads
+        if self.packed:
+            return heads_first(packed_query(self._packed(), (H, self.num_kv_heads), query), H)
+        return heads_first(linear(self.q_proj, query), H)
+
+    def _project_key_value(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """key (B, Tk, kdim), value (B, Tk, vdim) -> k, v (B, Hkv, Tk, D)."""
+        Hkv = self.num_kv_heads
+        if self.packed:
+            return packed_key_value(self._packed(), (self.num_heads, Hkv), key, value)
+        return heads_first(linear(self.k_proj, key), Hkv), heads_first(
+            linear(self.v_proj, value), Hkv
+        )
+
+    # -- step 2: queries and the keys they attend to ------------------------------------------
+
+    def _queries_and_keys(
+        self,
+        x: Inputs,
+        cache: KVCache | CrossKVCache | None,
+        causal: bool,
+        positions: Tensor | None,
+        hooks: ModuleHooks | None,
+    ) -> tuple[Tensor, KeySet]:
+        if cache is not None and cache.cross:
+            if positions is not None:
+                raise ValueError("positions apply to self-attention; this call uses a cross cache")
+            q = self._project_query(x.query)
+            key, value = x.key, x.value
+
+            def project() -> tuple[Tensor, Tensor]:
+                assert key is not None and value is not None
+                return self._project_key_value(key, value)
+
+            memory = cast(CrossKVCache, cache).memory_for(self, key, x.key_mask, project)
+            keys = memory._replace(causal=causal)
+            if hooks is not None:
+                q = hooks.heads("hook_q", q)
+                keys = keys._replace(
+                    k=hooks.heads("hook_k", keys.k), v=hooks.heads("hook_v", keys.v)
+                )
+            return q, keys
+        source = x.query if x.self_attention else x.key
+        assert source is not None
+        key_mask = x.key_mask
+        if key_mask is not None:
+            key_mask = check_key_mask(key_mask, x.query.shape[0], source.shape[1], x.query.device)
+        value = x.query if x.self_attention else x.value
+        assert value is not None
+        q, k, v = self._project(x.query, source, value, x.self_attention)
+        if hooks is not None:
+            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
+        self_cache = cast("KVCache | None", cache)  # a cross cache was served above
+        q, k = self._rotate(q, k, x, self_cache, positions, hooks)
+        if self_cache is not None:
+            if not x.self_attention:
+                raise ValueError(
+                    "a KVCache serves self-attention; cross-attention takes a CrossKVCache"
+                )
+            return q, self_cache.keys_for(self, k, v, key_mask, causal)
+        return q, KeySet(k, v, key_mask, None, causal, k.shape[2] - q.shape[2])
+
+    def _rotate(
+        self,
+        q: Tensor,
+        k: Tensor,
+        x: Inputs,
+        cache: KVCache | None,
+        positions: Tensor | None,
+        hooks: ModuleHooks | None,
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate this call's queries and keys by their positions (when the scheme does)."""
+        scheme = self.position
+        if scheme is None or not scheme.uses_positions:
+            if positions is not None:
+                what = "no position scheme" if scheme is None else type(scheme).__name__
+                raise ValueError(
+                    f"positions were given but this attention has {what}, which does not use "
+                    "them (RoPE does)"
+                )
+            return q, k
+        if not x.self_attention:
+            raise ValueError(
+                f"{type(scheme).__name__} applies to self-attention; this call attends to "
+                "other keys"
+            )
+        B, _, T, _ = q.shape
+        if positions is None:  # after the cached tokens, or from 0
+            positions = (
+                torch.arange(T, device=q.device)
+                if cache is None
+                else cache.next_positions(T, q.device)
+            )
+        else:
+            positions = check_positions(positions, B, T, q.device)
+        q, k = scheme.rotate(q, k, positions)
+        if hooks is not None:
+            q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
+        return q, k
+
+    def _bias(self, tq: int, keys: KeySet) -> Tensor | None:
+        """The position scheme's additive bias over (query slots, key slots), if it has one."""
+        if self.position is None:
+            return None
+        device = keys.k.device
+        q_index = torch.arange(tq, device=device) + keys.first_slot
+        return self.position.bias(q_index, torch.arange(keys.k.shape[2], device=device))
+
+    # -- step 4: merge heads, output projection -----------------------------------------------
+
+    def _output(self, out: Tensor, hooks: ModuleHooks | None) -> Tensor:
+        """out (B, H, Tq, Dv) -> (B, Tq, C)."""
+        if hooks is not None:
+            out = hooks.heads("hook_z", out)
+            if "hook_result" in hooks:
+                projected = head_results(out, self.out_proj.weight, self.out_proj.bias, hooks)
+                if projected is not None:
+                    return projected
+        B, H, Tq, Dv = out.shape
+        # (B, H, Tq, Dv) -> (B, Tq, H * Dv): free when the kernel wrote (B, Tq, H, Dv), as SDPA does
+        return linear(self.out_proj, out.transpose(1, 2).reshape(B, Tq, H * Dv))
+
+    # -- packed sequences ---------------------------------------------------------------------
+
+    @staticmethod
+    def _refuse_with_lengths(key, value, mask, key_mask, cache, positions, return_weights) -> None:
+        unsupported = {
+            "key": key,
+            "value": value,
+            "mask": mask,
+            "key_mask": key_mask,
+            "cache": cache,
+            "positions": positions,
+            "return_weights": return_weights or None,
+        }
+        given = [name for name, arg in unsupported.items() if arg is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} cannot be combined with lengths: packed sequences are "
+                "self-attention in which each sequence attends to itself only"
+            )
+
+    def _forward_packed(
+        self, query: Tensor, packed: VarLen, causal: bool, hooks: ModuleHooks | None
+    ) -> Tensor:
         """Packed self-attention: query (N, C) -> (N, C). Positions restart at 0 in each
-        sequence (RoPE rotates by them; ALiBi biases each run by its own distances)."""
+        sequence (RoPE rotates by them; a bias scheme biases each run by its own slots)."""
         if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != self.embed_dim:
             got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
             raise ValueError(
                 f"with lengths, query must be packed tokens (N, {self.embed_dim}), got {got}"
             )
-        if self.kdim != self.embed_dim or self.vdim != self.embed_dim:
+        if not self.packed:
             raise ValueError(
                 f"lengths need self-attention (kdim == vdim == embed_dim), this module has "
                 f"kdim={self.kdim}, vdim={self.vdim}, embed_dim={self.embed_dim}"
             )
+        if hooks is not None and (hooks.observers or any(p in hooks for p in WEIGHT_POINTS)):
+            raise ValueError(
+                "attention weights (hook_pattern, hook_attn_scores, capture) need padded input "
+                "(B, T) with a key_mask; packed sequences (lengths=) have no (T, T) pattern"
+            )
         packed.check(query, "query")
         x = query[None]  # (1, N, C): the projections see one long row of tokens
         q, k, v = self._project(x, x, x, True)  # (1, heads, N, D)
+        if hooks is not None:  # shown as (1, N, heads, D): one row of all packed tokens
+            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
         bias = None
-        if isinstance(self.position, RotaryEmbedding):
-            q, k = self.position(q, k, packed.positions(query.device))
-        elif isinstance(self.position, ALiBi):
-            alibi = self.position
+        if self.position is not None:
+            if self.position.uses_positions:
+                q, k = self.position.rotate(q, k, packed.positions(query.device))
+                if hooks is not None:
+                    q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
+            scheme = self.position
 
-            def bias(length: int) -> Tensor:  # (1, H, L, L) for one run
-                return alibi.bias(length, length, device=query.device).to(query.dtype)
+            def bias(length: int) -> Tensor | None:  # (1, H, L, L) for one run
+                slots = torch.arange(length, device=query.device)
+                return scheme.bias(slots, slots)
 
         # (1, heads, N, D) -> (N, heads, D): views
         q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
-        dropout = self.dropout if self.training else 0.0
         out = varlen_dispatch(
             q,
             k,
             v,
             packed,
-            self.causal if causal is None else bool(causal),
-            self._scale,
-            dropout,
+            causal,
+            default_scale(self.head_dim),
+            self.dropout if self.training else 0.0,
             bias=bias,
         )
-        return _apply_linear(self.out_proj, out.reshape(query.shape[0], self._split[0]))
-
-    def _positions_and_cache(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        self_attention: bool,
-        key_mask: Tensor | None,
-        cache: KVCache | CrossKVCache | None,
-        positions: Tensor | None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
-        """q, k, v after positions and the cache, the key mask over all keys, an additive bias
-        (ALiBi) and a mask (sliding window), for calls with a cache or a position module."""
-        if isinstance(cache, CrossKVCache):
-            if cache.filled:  # the memory was projected at the first call: reuse it
-                q = self._heads(self._project_query(query), self.num_heads)
-                assert cache.k is not None and cache.v is not None
-                return (
-                    q,
-                    cache.k,
-                    cache.v,
-                    cache.key_mask if key_mask is None else key_mask,
-                    None,
-                    None,
-                )
-            q, k, v = self._project(query, key, value, self_attention)
-            cache.k, cache.v, cache.key_mask = k, v, key_mask
-            return q, k, v, key_mask, None, None
-        q, k, v = self._project(query, key, value, self_attention)
-        Tq = q.shape[2]
-        start = cache.length if isinstance(cache, KVCache) else 0
-        if isinstance(self.position, RotaryEmbedding):
-            if not self_attention:
-                raise ValueError("RoPE applies to self-attention; this call attends to other keys")
-            if positions is None:
-                positions = torch.arange(start, start + Tq, device=q.device)
-            q, k = self.position(q, k, positions)
-        extra_mask = None
-        if isinstance(cache, KVCache):
-            if key_mask is not None and key_mask.shape != (q.shape[0], Tq):
-                raise ValueError(
-                    f"with a cache, key_mask covers this call's tokens: (B, T) = "
-                    f"{(q.shape[0], Tq)}, got {tuple(key_mask.shape)}"
-                )
-            k, v, key_mask = cache.update(k, v, key_mask)
-            if cache.window is not None:
-                extra_mask = masks.sliding_window(Tq, k.shape[2], cache.window, device=q.device)
-        bias = None
-        if isinstance(self.position, ALiBi):
-            bias = self.position.bias(Tq, k.shape[2], device=q.device).to(q.dtype)
-        return q, k, v, key_mask, bias, extra_mask
-
-    def _project_query(self, query: Tensor) -> Tensor:
-        if not self.packed:
-            return _apply_linear(self.q_proj, query)
-        bias = self.in_proj.bias
-        q_width = self._split[0]
-        return F.linear(
-            query, self.in_proj.weight[:q_width], None if bias is None else bias[:q_width]
-        )
-
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> bool:
-        for name, t, width in (
-            ("query", query, self.embed_dim),
-            ("key", key, self.kdim),
-            ("value", value, self.vdim),
-        ):
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() not in (2, 3) or t.shape[-1] != width:
-                raise ValueError(
-                    f"{name} must have shape (B, T, {width}) or (T, {width}), got {tuple(t.shape)}"
-                )
-        if not query.dim() == key.dim() == value.dim():
-            raise ValueError(
-                f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
-                f"{tuple(value.shape)} must all be batched (3-D) or all unbatched (2-D)"
-            )
-        if query.dim() == 3 and not query.shape[0] == key.shape[0] == value.shape[0]:
-            raise ValueError(
-                f"batch sizes differ: query {tuple(query.shape)}, key {tuple(key.shape)}, "
-                f"value {tuple(value.shape)}"
-            )
-        if key.shape[-2] != value.shape[-2]:
-            raise ValueError(
-                f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same length"
-            )
-        return query.dim() == 2
-
-    def _heads(self, x: Tensor, heads: int) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, T, n*D) -> (B, n, T, D)
-
-    def _project(
-        self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Inputs -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D)."""
-        H, Hkv = self.num_heads, self.num_kv_heads
-        if not self.packed:
-            return (
-                self._heads(_apply_linear(self.q_proj, query), H),
-                self._heads(_apply_linear(self.k_proj, key), Hkv),
-                self._heads(_apply_linear(self.v_proj, value), Hkv),
-            )
-        if self_attention:
-            qkv = _apply_linear(self.in_proj, query)  # (B, T, (H + 2 Hkv) D): one fused matmul
-            if H == Hkv:
-                B, T, _ = qkv.shape
-                # (B, T, 3 H D) -> (3, B, H, T, D): one view, one permute, no copy
-                q, k, v = qkv.view(B, T, 3, H, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-                return q, k, v
-            q, k, v = qkv.split(self._split, dim=-1)
-            return self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
-        # Cross-attention with the packed layout: slices of the packed weight (views, no copy).
-        weight, bias = self.in_proj.weight, self.in_proj.bias
-        q_width = self._split[0]
-        _, kw, vw = weight.split(self._split)
-        _, kb, vb = (None, None, None) if bias is None else bias.split(self._split)
-        q = self._project_query(query)
-        if key is value:
-            # The k and v rows are adjacent in the packed weight: one matmul for both.
-            kv_bias = None if bias is None else bias[q_width:]
-            k, v = F.linear(key, weight[q_width:], kv_bias).chunk(2, dim=-1)
-        else:
-            k, v = F.linear(key, kw, kb), F.linear(value, vw, vb)
-        return self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
+        # (N, H, Dv) -> (1, H, N, Dv): the padded layout of one row, for the shared output step
+        return self._output(out.transpose(0, 1)[None], hooks)[0]

@@ -6,6 +6,11 @@ With cross-attention (a decoder layer), a third branch attends to the encoder me
 the two: norm_cross / cross_attn.
 
 Shapes: x (B, T, C) in and out (or packed sequences (N, C) with `lengths`); memory (B, S, C).
+
+Hook points: hook_resid_pre (what the block receives), hook_attn_out (the attention branch's
+output, after dropout), hook_resid_mid (the stream between attention and MLP: after norm1 in a
+post-norm block), hook_cross_attn_out and hook_resid_mid_cross (decoder blocks), hook_mlp_out,
+hook_resid_post (what the next block receives: after norm2 in a post-norm block).
 """
 
 from __future__ import annotations
@@ -16,12 +21,34 @@ from torch import Tensor, nn
 
 from ..cache import CrossKVCache, KVCache
 from ..functional.varlen import VarLen
+from ..hook_points import ModuleHooks, hooks_for
+from ..positional.scheme import PositionScheme
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward, SwiGLU
 from .norm import make_norm
 
+BLOCK_HOOK_POINTS = (
+    "hook_resid_pre",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_out",
+    "hook_resid_post",
+)
+CROSS_HOOK_POINTS = ("hook_cross_attn_out", "hook_resid_mid_cross")
+
 
 class TransformerBlock(nn.Module):
+    hook_points: tuple[str, ...] = BLOCK_HOOK_POINTS
+    hook_order = (  # forward order, for hook_names
+        "hook_resid_pre",
+        "attn",
+        "hook_attn_out",
+        "hook_resid_mid",
+        "cross_attn",
+        "hook_cross_attn_out",
+        "hook_resid_mid_cross",
+    )
+
     def __init__(
         self,
         dim: int,
@@ -39,21 +66,34 @@ class TransformerBlock(nn.Module):
         attn_dropout: float = 0.0,
         causal: bool = False,
         cross_attention: bool = False,
-        position: nn.Module | None = None,
+        position: PositionScheme | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool | None = None,
+        out_bias: bool | None = None,
+        mlp_bias: bool | None = None,
         device=None,
         dtype=None,
     ) -> None:
         """`mlp`: "gelu" (Linear-GELU-Linear; `activation` names another pointwise function, as
         Hugging Face's hidden_act), "swiglu", or "none" (an attention-only block: no MLP branch,
-        as in the small models of Elhage et al. 2021). `norm`: "layernorm" or "rmsnorm"."""
+        as in the small models of Elhage et al. 2021; it has no hook_mlp_out, and hook_resid_post
+        equals hook_resid_mid). `norm`: "layernorm" or "rmsnorm".
+        `head_dim`: per-head width of self-attention (default dim // num_heads). `qkv_bias`,
+        `out_bias`, `mlp_bias`: biases of the q/k/v projection, the attention's output
+        projection and the MLP, each defaulting to `bias` (Qwen2: q/k/v only)."""
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.norm_first = norm_first
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        out_bias = bias if out_bias is None else out_bias
+        mlp_bias = bias if mlp_bias is None else mlp_bias
         self.attn = MultiHeadAttention(
             dim,
             num_heads,
             num_kv_heads=num_kv_heads,
-            bias=bias,
+            head_dim=head_dim,
+            bias=qkv_bias,
+            out_bias=out_bias,
             dropout=attn_dropout,
             causal=causal,
             position=position,
@@ -71,18 +111,21 @@ class TransformerBlock(nn.Module):
                 **factory,
             )
             self.norm_cross = make_norm(norm, dim, norm_eps, **factory)
+            self.hook_points = BLOCK_HOOK_POINTS + CROSS_HOOK_POINTS
         self.ffn: nn.Module | None
         if mlp == "swiglu":
-            self.ffn = SwiGLU(dim, ffn_dim, bias=bias, **factory)
+            self.ffn = SwiGLU(dim, ffn_dim, bias=mlp_bias, **factory)
         elif mlp == "gelu":
             self.ffn = FeedForward(
-                dim, ffn_dim, activation_name=activation or "gelu", bias=bias, **factory
+                dim, ffn_dim, activation_name=activation or "gelu", bias=mlp_bias, **factory
             )
         elif mlp == "none":
             self.ffn = None
         else:
             raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu' or 'none'")
         self.norm2 = make_norm(norm, dim, norm_eps, **factory) if self.ffn is not None else None
+        if self.ffn is None:
+            self.hook_points = tuple(p for p in self.hook_points if p != "hook_mlp_out")
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -104,10 +147,12 @@ class TransformerBlock(nn.Module):
         With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`."""
         if lengths is not None and self.cross_attn is not None:
             raise ValueError("lengths (packed sequences) do not support cross-attention blocks")
+        hooks = hooks_for(self)
+        if hooks is not None:
+            x = hooks("hook_resid_pre", x)
         weights = None
-        h = self.norm1(x) if self.norm_first else x
         a = self.attn(
-            h,
+            self.norm1(x) if self.norm_first else x,
             mask=mask,
             key_mask=key_mask,
             cache=cache,
@@ -117,24 +162,48 @@ class TransformerBlock(nn.Module):
         )
         if return_weights:
             a, weights = a
-        x = x + self.dropout(a) if self.norm_first else self.norm1(_residual(self.dropout(a), x))
+        x = self._add(x, self.dropout(a), self.norm1, hooks, "hook_attn_out", "hook_resid_mid")
         if self.cross_attn is not None:
             if memory is None and (cross_cache is None or not cross_cache.filled):
                 raise ValueError("this block has cross-attention: pass memory (B, S, C)")
-            mem = memory if memory is not None else x[:, :0]  # a filled cache needs no memory
-            h = self.norm_cross(x) if self.norm_first else x
-            c = self.cross_attn(h, mem, key_mask=memory_key_mask, cache=cross_cache)
-            x = (
-                x + self.dropout(c)
-                if self.norm_first
-                else self.norm_cross(_residual(self.dropout(c), x))
+            c = self.cross_attn(
+                self.norm_cross(x) if self.norm_first else x,
+                memory,
+                key_mask=memory_key_mask,
+                cache=cross_cache,
+            )
+            x = self._add(
+                x,
+                self.dropout(c),
+                self.norm_cross,
+                hooks,
+                "hook_cross_attn_out",
+                "hook_resid_mid_cross",
             )
         if self.ffn is not None and self.norm2 is not None:
-            if self.norm_first:
-                x = x + self.dropout(self.ffn(self.norm2(x)))
-            else:
-                x = self.norm2(_residual(self.dropout(self.ffn(x)), x))
+            m = self.dropout(self.ffn(self.norm2(x) if self.norm_first else x))
+            x = self._add(x, m, self.norm2, hooks, "hook_mlp_out", "hook_resid_post")
+        elif hooks is not None:  # attention-only: the stream passes on unchanged
+            x = hooks("hook_resid_post", x)
         return (x, weights) if return_weights else x
+
+    def _add(
+        self,
+        x: Tensor,
+        branch: Tensor,
+        norm: nn.Module,
+        hooks: ModuleHooks | None,
+        branch_point: str,
+        stream_point: str,
+    ) -> Tensor:
+        """The residual step: x + branch (pre-norm) or norm(x + branch) (post-norm), with the
+        branch's and the stream's hook points."""
+        if hooks is None:
+            return x + branch if self.norm_first else norm(_residual(branch, x))
+        branch = hooks(branch_point, branch)
+        # Out of place: a hook may hold on to `branch` (a cache), so it must not change later.
+        x = x + branch if self.norm_first else norm(branch + x)
+        return hooks(stream_point, x)
 
 
 def make_blocks(
@@ -143,14 +212,16 @@ def make_blocks(
     causal: bool,
     cross_attention: bool = False,
     norm_first: bool | None = None,
-    position: Callable[[], nn.Module | None] | None = None,
+    position: Callable[[], PositionScheme | None] | None = None,
     device=None,
     dtype=None,
 ) -> nn.ModuleList:
     """`config.num_layers` TransformerBlocks from a model config (StackConfig, LMConfig): the
     fields dim, num_heads, ffn_dim (None: 4 * dim), num_kv_heads, norm, norm_eps, mlp,
-    activation, bias, dropout, and norm_first unless given; `attention_only` (if the config
-    has it) drops the MLP. `position` makes each layer's position module (RoPE/ALiBi)."""
+    activation, bias, dropout, and norm_first unless given; when the config has them, head_dim,
+    qkv_bias, out_bias, mlp_bias, attn_dropout (None: dropout) and attention_only (no MLP).
+    `position` makes each layer's position module (RoPE/ALiBi)."""
+    attn_dropout = getattr(config, "attn_dropout", None)
     return nn.ModuleList(
         TransformerBlock(
             config.dim,
@@ -164,10 +235,14 @@ def make_blocks(
             activation=config.activation,
             bias=config.bias,
             dropout=config.dropout,
-            attn_dropout=config.dropout,
+            attn_dropout=config.dropout if attn_dropout is None else attn_dropout,
             causal=causal,
             cross_attention=cross_attention,
             position=position() if position is not None else None,
+            head_dim=getattr(config, "head_dim", None),
+            qkv_bias=getattr(config, "qkv_bias", None),
+            out_bias=getattr(config, "out_bias", None),
+            mlp_bias=getattr(config, "mlp_bias", None),
             device=device,
             dtype=dtype,
         )

@@ -4,11 +4,13 @@ dataclass. Shapes: x (B, T, C); memory (B, S, C); token ids (B, T) -> logits (B,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..cache import CrossKVCache, KVCache
+from ..hook_points import hooks_for
 from ..positional import SinusoidalPositions
 from .attention import MultiHeadAttention
 from .block import make_blocks
@@ -33,6 +35,13 @@ class StackConfig:
 
 
 class Encoder(nn.Module):
+    """Blocks (bidirectional self-attention) and, when pre-norm, a final norm.
+    Hook points: blocks.{i}.*, ln_final.hook_normalized (pre-norm stacks)."""
+
+    hook_points: tuple[str, ...] = ()
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
+    hook_order = ("layers",)  # then ln_final.hook_normalized
+
     def __init__(self, config: StackConfig, *, init: bool = True) -> None:
         """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
         super().__init__()
@@ -43,17 +52,24 @@ class Encoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
+        self.hook_points = ("ln_final.hook_normalized",) if config.norm_first else ()
         if init:
             init_weights(self)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
             x = layer(x, key_mask=key_mask)
-        return self.norm(x)
+        return _final_norm(self, x)
 
 
 class Decoder(nn.Module):
-    """Causal self-attention, cross-attention to the memory, MLP; caches for decoding."""
+    """Causal self-attention, cross-attention to the memory, MLP; caches for decoding.
+    Hook points: blocks.{i}.* (cross-attention: blocks.{i}.cross_attn.*), ln_final.hook_normalized
+    (pre-norm stacks)."""
+
+    hook_points: tuple[str, ...] = ()
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
+    hook_order = ("layers",)  # then ln_final.hook_normalized
 
     def __init__(self, config: StackConfig, *, init: bool = True) -> None:
         """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
@@ -65,6 +81,7 @@ class Decoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
+        self.hook_points = ("ln_final.hook_normalized",) if config.norm_first else ()
         if init:
             init_weights(self)
 
@@ -87,11 +104,22 @@ class Decoder(nn.Module):
                 cache=None if caches is None else caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],
             )
-        return self.norm(x)
+        return _final_norm(self, x)
+
+
+def _final_norm(stack: Encoder | Decoder, x: Tensor) -> Tensor:
+    x = stack.norm(x)
+    hooks = hooks_for(stack)
+    return x if hooks is None else hooks("ln_final.hook_normalized", x)
 
 
 class EncoderDecoder(nn.Module):
-    """Token embeddings + sinusoidal positions, an Encoder, a Decoder and a tied output head."""
+    """Token embeddings + sinusoidal positions, an Encoder, a Decoder and a tied output head.
+    Hook points: encoder.hook_embed, decoder.hook_embed (token + position embeddings of each
+    side), encoder.* and decoder.* (see Encoder and Decoder)."""
+
+    hook_points = ("encoder.hook_embed", "decoder.hook_embed")
+    hook_order = ("encoder.hook_embed", "encoder", "decoder.hook_embed", "decoder")
 
     def __init__(
         self, vocab_size: int, encoder: StackConfig, decoder: StackConfig, *, init: bool = True
@@ -109,19 +137,22 @@ class EncoderDecoder(nn.Module):
         if init:
             init_weights(self)
 
-    def _embed(self, ids: Tensor, start: int = 0) -> Tensor:
-        return self.embed(ids) + self.positions(
+    def _embed(self, ids: Tensor, start: int = 0, *, side: str = "decoder") -> Tensor:
+        x = self.embed(ids) + self.positions(
             torch.arange(start, start + ids.shape[1], device=ids.device)
         )
+        hooks = hooks_for(self)
+        return x if hooks is None else hooks(f"{side}.hook_embed", x)
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        return self.encoder(self._embed(src_ids), key_mask=src_mask)
+        return self.encoder(self._embed(src_ids, side="encoder"), key_mask=src_mask)
 
     def forward(
         self, src_ids: Tensor, tgt_ids: Tensor, *, src_mask: Tensor | None = None
     ) -> Tensor:
         memory = self.encode(src_ids, src_mask)
-        return self.head(self.decoder(self._embed(tgt_ids), memory, memory_key_mask=src_mask))
+        tgt = self._embed(tgt_ids)
+        return self.head(self.decoder(tgt, memory, memory_key_mask=src_mask))
 
     @torch.inference_mode()
     def greedy(

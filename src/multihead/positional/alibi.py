@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor
 
+from .scheme import PositionScheme
+
 
 def alibi_slopes(num_heads: int) -> Tensor:
     """The paper's slopes: 2^(-8i/n) for n a power of two; otherwise those of the largest power of
@@ -43,14 +45,26 @@ def alibi_bias(
     return -slopes.to(device)[None, :, None, None] * distance
 
 
-class ALiBi(torch.nn.Module):
-    """ALiBi as a module for `MultiHeadAttention(position=ALiBi(num_heads))`."""
+class ALiBi(PositionScheme):
+    """ALiBi as a position scheme: `MultiHeadAttention(position=ALiBi(num_heads))`."""
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
+        self.num_heads = num_heads
         self.slopes: Tensor
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
-    def bias(self, tq: int, tk: int, *, device=None) -> Tensor:
-        """(1, H, Tq, Tk), bottom-right aligned (the last query is the last key's position)."""
-        return alibi_bias(self.slopes, tq, tk, device=device)
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+    def check(self, num_heads: int, head_dim: int) -> None:
+        if self.slopes.shape[0] != num_heads:
+            raise ValueError(
+                f"ALiBi has slopes for {self.slopes.shape[0]} heads but the attention has "
+                f"{num_heads} heads: build it as ALiBi({num_heads})"
+            )
+
+    def bias(self, q_index: Tensor, k_index: Tensor) -> Tensor:
+        """(1, H, Tq, Tk): -slope * |i - j| for query slot i and key slot j."""
+        distance = (q_index[:, None] - k_index[None, :]).abs().to(torch.float32)  # (Tq, Tk)
+        return -self.slopes.to(distance.device)[None, :, None, None] * distance

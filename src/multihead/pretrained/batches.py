@@ -12,6 +12,7 @@ with bit-identical results.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Sequence
 
@@ -87,7 +88,12 @@ def run_batches(
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
 
-    pool = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    # Each worker runs in a copy of the caller's context: hooks, head gates and captures the
+    # caller opened apply to its batches too (a plain thread would start with none).
+    pool = [
+        threading.Thread(target=contextvars.copy_context().run, args=(worker,), daemon=True)
+        for _ in range(workers)
+    ]
     try:
         for t in pool:
             t.start()

@@ -59,6 +59,7 @@ class Scores:
     previous_offset: Tensor  # distance back of the best previous-token key (1 = i - 1)
     induction: Tensor
     induction_offset: Tensor  # key first + t + offset for a query at second + t
+    induction_scan: Tensor  # (O, L, H): the score at each of M.INDUCTION_OFFSETS
     duplicate: Tensor
     sink: Tensor  # mass on the first token (BOS)
 
@@ -109,6 +110,7 @@ def measure(model: nn.Module, held_out: HeldOut, num_layers: int) -> Scores:
         previous_offset,
         induction.float(),
         induction_offset,
+        ind.float(),
         dup.float(),
         sink.float(),
     )

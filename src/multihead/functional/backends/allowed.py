@@ -1,11 +1,21 @@
-"""Combine the boolean mask with bottom-right causality into one 'may attend' mask."""
+"""Combine the boolean mask with bottom-right causality into one 'may attend' mask.
+
+Shapes: masks are 4-D, broadcastable to (B, H, Tq, Tk); a causal block is (Tq, Tk).
+"""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from .. import masks
 from ..call import AttentionCall
+
+
+def causal_block(q_start: int, q_stop: int, tq: int, tk: int, device) -> Tensor:
+    """(q_stop - q_start, tk) rows of the bottom-right causal mask of a (tq, tk) call: query i
+    sees keys 0 .. i + tk - tq."""
+    rows = torch.arange(q_start, q_stop, device=device)[:, None] + (tk - tq)
+    return torch.arange(tk, device=device)[None, :] <= rows
 
 
 def allowed_mask(call: AttentionCall) -> Tensor | None:
@@ -13,5 +23,5 @@ def allowed_mask(call: AttentionCall) -> Tensor | None:
     tq, tk = call.q.shape[2], call.k.shape[2]
     if not call.causal or (tq == 1 and tk >= 1):
         return call.mask  # one query aligned bottom-right sees every key: nothing to mask
-    causal = masks.causal(tq, tk, align="bottom_right", device=call.q.device)  # (Tq, Tk)
+    causal = causal_block(0, tq, tq, tk, call.q.device)  # (Tq, Tk)
     return causal if call.mask is None else call.mask & causal

@@ -2,9 +2,16 @@
 
 Shapes: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> out (B, H, Tq, Dv),
 weights (B, H, Tq, Tk).
+
+It also serves the `hook_attn_scores` / `hook_pattern` hook points: `on_scores` sees the scaled,
+biased scores with blocked keys at -inf, `on_pattern` the probabilities; either may return a
+replacement, which the rest of the computation uses. Replaced scores keep blocked keys blocked;
+a replaced pattern is used as given (weight it puts on a blocked key is applied).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,8 +20,15 @@ from torch import Tensor
 from ..call import AttentionCall
 from .allowed import allowed_mask
 
+TensorHook = Callable[[Tensor], Tensor]
 
-def eager_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+
+def eager_attention(
+    call: AttentionCall,
+    *,
+    on_scores: TensorHook | None = None,
+    on_pattern: TensorHook | None = None,
+) -> tuple[Tensor, Tensor | None]:
     q, k, v = call.q, call.k, call.v
     if call.groups > 1:
         # (B, Hkv, Tk, D) -> (B, H, Tk, D): query head h reads key/value head h // groups.
@@ -30,13 +44,18 @@ def eager_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         # A -inf bias blocks a key just as the mask does; a row with no finite score must not NaN.
         finite = scores > float("-inf")
         allowed = finite if allowed is None else allowed & finite
+    if on_scores is not None:
+        shown = scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
+        scores = on_scores(shown).to(acc)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(acc).min)
     weights = torch.softmax(scores, dim=-1)
     if allowed is not None:
         # Finite fill turns a fully masked row into a uniform one; zero it (output and gradients).
         weights = weights.masked_fill(~allowed, 0.0)
-    if call.dropout_p > 0.0:
+    if on_pattern is not None:
+        weights = on_pattern(weights).to(acc)
+    if call.dropout_p > 0.0:  # as torch, the weights returned are the ones used (after dropout)
         weights = F.dropout(weights, p=call.dropout_p, training=True)
     out = torch.matmul(weights, v.to(acc)).to(q.dtype)  # (B, H, Tq, Dv)
     return out, (weights.to(q.dtype) if call.return_weights else None)

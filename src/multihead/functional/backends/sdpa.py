@@ -3,16 +3,34 @@
 Torch's kernels differ by version and device in what a query row with no allowed key returns
 (NaN in several). We make such rows attend everywhere inside the kernel (finite, no NaN in the
 backward either) and zero their output afterwards, with tensor ops only (no sync, compile-safe).
+A row is dead when the mask, causality and `-inf` entries of the bias *together* leave it no
+key, so they are combined before the test.
+
+A mask or bias together with `causal=True` runs in chunks of queries: each chunk builds only its
+own (rows, Tk) slice of the combined mask and reads only the keys its last query can see, so a
+key mask plus causality costs O(T) memory per row block instead of a T x T tensor, and the
+fully masked upper triangle is skipped.
+
+Shapes: q (B, H, Tq, D), k/v (B, Hkv, Tk, D); masks 4-D, broadcastable to (B, H, Tq, Tk).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..call import AttentionCall
-from .allowed import allowed_mask
+from .allowed import allowed_mask, causal_block
+
+# Mask elements one chunk may build (B x mask heads x rows x Tk): 16M booleans (16 MB; SDPA's
+# float copy of it 32-64 MB). Calls below it run whole.
+CHUNK_ELEMENTS = 2**24
+MIN_CHUNK_ROWS = 128
+
+# torch's kernel itself (what `F.scaled_dot_product_attention` is bound to), looked up once: code
+# that swaps multihead's drop-in into `torch.nn.functional` (as tools/run_torch_tests.py does)
+# must not make this backend call the drop-in, and so itself.
+_sdpa = torch._C._nn.scaled_dot_product_attention
 
 
 def sdpa_why_not(call: AttentionCall) -> list[str]:
@@ -28,33 +46,102 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     q, k, v, mask, bias, causal, scale, dropout_p, _ = call
     gqa = q.shape[1] != k.shape[1]
-    if mask is None and bias is None and (not causal or q.shape[2] == k.shape[2]):
+    tq, tk = q.shape[2], k.shape[2]
+    if mask is None and bias is None and (not causal or tq == tk):
         # No row can be empty, and top-left/bottom-right causality coincide: the kernel does all.
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
-        )
-        return out, None
-
+        return _plain(call, causal), None
+    if causal and (mask is not None or bias is not None):
+        rows = _chunk_rows(call)
+        if rows < tq:
+            return _chunked(call, rows), None
     allowed = allowed_mask(call)
-    row_ok: Tensor | None = None  # (..., Tq, 1): False where a query may attend to nothing
-    attn_mask: Tensor | None = None
-    if allowed is not None:
-        row_ok = allowed.any(dim=-1, keepdim=True)
-        attn_mask = allowed | ~row_ok  # dead rows attend everywhere; their output is zeroed below
-    if bias is not None:
-        bias = bias.to(q.dtype)
-        bias_ok = (bias > float("-inf")).any(dim=-1, keepdim=True)
-        bias = bias.masked_fill(~bias_ok, 0.0)
-        row_ok = bias_ok if row_ok is None else row_ok & bias_ok
-        if attn_mask is not None:
-            bias = bias.masked_fill(~attn_mask, torch.finfo(q.dtype).min)
-        attn_mask = bias
+    if allowed is None and bias is None:  # e.g. one causal query, which sees every key
+        return _plain(call, causal=False), None
+    return _fused(q, k, v, allowed, bias, scale, dropout_p, gqa), None
 
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
+
+def _plain(call: AttentionCall, causal: bool) -> Tensor:
+    q, k, v = call.q, call.k, call.v
+    return _sdpa(
+        q,
+        k,
+        v,
+        dropout_p=call.dropout_p,
+        is_causal=causal,
+        scale=call.scale,
+        enable_gqa=q.shape[1] != k.shape[1],
     )
-    if row_ok is not None:
-        # torch.where keeps the kernel's (B, T, H, D) memory layout, so the caller's
-        # (B, H, T, D) -> (B, T, H*D) reshape stays free; masked_fill would densify it (2 copies).
-        out = torch.where(row_ok, out, 0.0)
-    return out, None
+
+
+def _chunk_rows(call: AttentionCall) -> int:
+    """Query rows per chunk so that one chunk's combined mask stays under CHUNK_ELEMENTS."""
+    heads = max(1 if t is None else t.shape[1] for t in (call.mask, call.bias))
+    per_row = call.q.shape[0] * heads * call.k.shape[2]
+    return max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // max(per_row, 1))
+
+
+def _rows(t: Tensor | None, start: int, stop: int, keys: int) -> Tensor | None:
+    """Rows start:stop and the first `keys` keys of a 4-D mask/bias (broadcast dims stay 1)."""
+    if t is None:
+        return None
+    if t.shape[2] != 1:
+        t = t[:, :, start:stop]
+    return t if t.shape[3] == 1 else t[..., :keys]
+
+
+def _chunked(call: AttentionCall, rows: int) -> Tensor:
+    q, k, v, mask, bias, _, scale, dropout_p, _ = call
+    gqa = q.shape[1] != k.shape[1]
+    tq, tk = q.shape[2], k.shape[2]
+    outs = []
+    for start in range(0, tq, rows):
+        stop = min(start + rows, tq)
+        keys = min(tk, stop + tk - tq)  # the last query of the chunk sees keys 0 .. keys - 1
+        if keys <= 0:  # Tq > Tk: these queries precede every key (bottom-right): nothing to see
+            outs.append(q.new_zeros(*q.shape[:2], stop - start, v.shape[3]))
+            continue
+        allowed = causal_block(start, stop, tq, tk, q.device)[:, :keys]
+        chunk_mask = _rows(mask, start, stop, keys)
+        allowed = allowed if chunk_mask is None else chunk_mask & allowed
+        outs.append(
+            _fused(
+                q[:, :, start:stop],
+                k[:, :, :keys],
+                v[:, :, :keys],
+                allowed,
+                _rows(bias, start, stop, keys),
+                scale,
+                dropout_p,
+                gqa,
+            )
+        )
+    return torch.cat(outs, dim=2)
+
+
+def _fused(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    gqa: bool,
+) -> Tensor:
+    """SDPA with a may-attend mask and/or an additive bias; rows with no key give zeros."""
+    keep = allowed
+    if bias is not None:
+        finite = bias > float("-inf")  # a -inf bias blocks its key just as the mask does
+        keep = finite if keep is None else keep & finite
+    assert keep is not None  # the caller runs unmasked calls without this function
+    row_ok = keep.any(dim=-1, keepdim=True)  # (..., Tq, 1): False where a query sees no key
+    attn_mask: Tensor
+    if bias is None:
+        attn_mask = keep | ~row_ok  # dead rows attend everywhere; their output is zeroed below
+    else:
+        low = torch.finfo(q.dtype).min
+        attn_mask = torch.where(keep, bias.to(q.dtype), low).masked_fill(~row_ok, 0.0)
+    out = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+    # torch.where keeps the kernel's (B, T, H, D) memory layout, so the caller's
+    # (B, H, T, D) -> (B, T, H*D) reshape stays free; masked_fill would densify it (2 copies).
+    return torch.where(row_ok, out, 0.0)

@@ -1,0 +1,42 @@
+"""`multihead bench attention`: MultiHeadAttention vs torch.nn.MultiheadAttention and the
+SDPA floor, interleaved in one process."""
+
+from __future__ import annotations
+
+import sys
+
+from .bench import add_common, apply_common
+from .parsing import positive_int
+
+NAME = "attention"
+HELP = "MultiHeadAttention vs torch.nn.MultiheadAttention and the SDPA floor"
+REPEATS = 7  # samples per contender
+QUICK_REPEATS = 3
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--quick", action="store_true", help="small shapes, few repeats (a smoke run, not a result)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        help=f"samples per contender (default {REPEATS}; {QUICK_REPEATS} with --quick)",
+    )
+    add_common(parser)
+
+
+def run(args) -> int:
+    apply_common(args)
+    from ..bench import attention
+
+    repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
+    print(attention.main(quick=args.quick, repeats=repeats))
+    if args.quick:
+        print(
+            f"\nnote: --quick is a smoke run ({repeats} samples of tiny shapes, where a call "
+            "takes microseconds): on a busy machine its ratios can be off by orders of "
+            "magnitude. Quote ratios only from a full run.",
+            file=sys.stdout,
+        )
+    return 0

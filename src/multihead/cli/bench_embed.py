@@ -1,0 +1,40 @@
+"""`multihead bench embed`: sentence embeddings, multihead vs sentence-transformers on the same
+model directory."""
+
+from __future__ import annotations
+
+from .bench import add_common, apply_common, require
+from .model_dir import DEFAULT_MODEL, check_model
+from .parsing import positive_int
+
+NAME = "embed"
+HELP = "sentence embeddings: multihead vs sentence-transformers, same model"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"model directory or name (default {DEFAULT_MODEL})"
+    )
+    parser.add_argument(
+        "--sentences", type=positive_int, default=2000, help="corpus size (default 2000)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=32,
+        help="encode's batch_size, both encoders (default 32)",
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs per encoder (default 3)"
+    )
+    add_common(parser)
+
+
+def run(args) -> int:
+    require("sentence_transformers", NAME, "sentence-transformers")
+    check_model(args.model)
+    apply_common(args)
+    from ..bench import embed
+
+    print(embed.run(args.model, n=args.sentences, batch_size=args.batch_size, repeats=args.repeats))
+    return 0

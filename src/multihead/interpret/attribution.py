@@ -1,0 +1,160 @@
+"""Direct logit attribution: how much each head's output (`hook_result`), and each other
+component of the final residual stream, adds to the logit of a target token (or to the
+difference of a target's and another token's logits) through the final norm and the unembedding.
+
+    dla = direct_logit_attribution(model, ids, targets)      # targets (B, T) or (B,)
+    dla.heads[layer, head]     # (B, T): each head's direct effect at each position
+    print(dla.table())         # the heads with the largest effect at the last position
+
+The final residual stream of a pre-norm CausalLM is a sum: token (and position) embeddings,
+then per block each head's result, the output projection's bias and the MLP's output. The final
+norm is not linear, so, as TransformerLens does (`apply_ln_to_stack`), its scale is frozen: the
+per-token scale sqrt(var(x) + eps) (RMSNorm: sqrt(mean(x^2) + eps)) of the real final stream x
+divides every component, each centred first for LayerNorm; the norm's weight is applied and its
+bias is a component of its own. With the scale of this input frozen, the components sum to the
+model's logit (difference) exactly up to rounding; what they do not tell is how the scale would
+change if a component were removed (that is what ablation measures).
+
+Shapes: input_ids (B, T); heads (L, H, B, T); the other components (B, T) or (L, B, T).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..modules.lm import CausalLM
+from ..modules.norm import RMSNorm
+from ..table import format_table
+from .hooks import act_name, run_with_cache, unwrap
+
+
+@dataclass(frozen=True)
+class Attribution:
+    heads: Tensor  # (L, H, B, T) each head's hook_result
+    attn_bias: Tensor  # (L, B, T) each output projection's bias
+    mlp: Tensor  # (L, B, T) each block's hook_mlp_out
+    embed: Tensor  # (B, T) hook_embed
+    pos_embed: Tensor | None  # (B, T) hook_pos_embed (learned positions only)
+    norm_bias: Tensor  # (B, T) the final norm's bias (zeros for RMSNorm)
+    logit: Tensor  # (B, T) the model's logit (difference) that the components sum to
+
+    def total(self) -> Tensor:
+        """(B, T): the sum of every component; equals `logit` up to rounding."""
+        total = self.heads.sum((0, 1)) + self.attn_bias.sum(0) + self.mlp.sum(0)
+        total = total + self.embed + self.norm_bias
+        return total if self.pos_embed is None else total + self.pos_embed
+
+    def table(self, *, batch: int = 0, position: int = -1, top: int = 10) -> str:
+        """The `top` components by |attribution| at one position, largest first."""
+        entries = [
+            (f"L{layer} H{head}", float(self.heads[layer, head, batch, position]))
+            for layer in range(self.heads.shape[0])
+            for head in range(self.heads.shape[1])
+        ]
+        entries += [
+            (f"L{layer} mlp", float(self.mlp[layer, batch, position]))
+            for layer in range(self.mlp.shape[0])
+        ]
+        entries.append(("embed", float(self.embed[batch, position])))
+        if self.pos_embed is not None:
+            entries.append(("pos_embed", float(self.pos_embed[batch, position])))
+        entries.sort(key=lambda e: -abs(e[1]))
+        rows = [[name, f"{value:+.3f}"] for name, value in entries[:top]]
+        logit = float(self.logit[batch, position])
+        return f"logit {logit:+.3f} at position {position}\n" + format_table(
+            ["component", "direct effect"], rows
+        )
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _tokens(name: str, t: Tensor | None, B: int, T: int) -> Tensor | None:
+    if t is None:
+        return None
+    if not isinstance(t, Tensor) or t.dtype in (torch.float16, torch.float32, torch.float64):
+        raise TypeError(f"{name} must be a tensor of token ids")
+    if t.shape == (B,):
+        return t[:, None].expand(B, T)
+    if t.shape != (B, T):
+        raise ValueError(f"{name} must be (B,) or (B, T) = ({B}, {T}), got {tuple(t.shape)}")
+    return t
+
+
+def direct_logit_attribution(
+    model: nn.Module,
+    input_ids: Tensor,
+    targets: Tensor,
+    *,
+    against: Tensor | None = None,
+    attention_mask: Tensor | None = None,
+) -> Attribution:
+    """Each component's direct effect on the logit of `targets` (minus that of `against`).
+
+    `targets` / `against`: token ids (B, T), one per position, or (B,), the same at every
+    position. The model must run without dropout (eval mode), or the components would not sum
+    to the stream. See the module docstring for the frozen final-norm scale.
+    """
+    lm = unwrap(model)
+    if not isinstance(lm, CausalLM):
+        raise TypeError(f"direct logit attribution reads a CausalLM, got {type(lm).__name__}")
+    if lm.training and lm.config.dropout > 0:
+        raise ValueError("put the model in eval mode: dropout breaks the sum of components")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+    B, T = input_ids.shape
+    target = _tokens("targets", targets, B, T)
+    assert target is not None
+    other = _tokens("against", against, B, T)
+    L = len(lm.layers)
+    names = ["hook_embed", act_name("resid_post", L - 1)]
+    if lm.pos is not None:
+        names.append("hook_pos_embed")
+    for i in range(L):
+        names += [act_name("result", i), act_name("mlp_out", i)]
+    with torch.no_grad():
+        logits, cache = run_with_cache(lm, input_ids, attention_mask=attention_mask, names=names)
+        norm = lm.norm_f
+        x = cache["resid_post", L - 1]  # (B, T, C) the final stream
+        centred = not isinstance(norm, RMSNorm)
+        eps = float(getattr(norm, "eps", 0.0))
+        if centred:  # LayerNorm: (x - mean) / sqrt(var + eps)
+            scale = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+        else:  # RMSNorm: x / sqrt(mean(x^2) + eps)
+            scale = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        w_u = lm.head.weight  # (V, C)
+        unembed = w_u[target]  # (B, T, C)
+        if other is not None:
+            unembed = unembed - w_u[other]
+        weight = getattr(norm, "weight", None)
+        direction = unembed if weight is None else unembed * weight  # the norm's weight folded in
+
+        def effect(component: Tensor) -> Tensor:
+            """(..., B, T, C) -> (..., B, T): centred, divided by the frozen scale, projected."""
+            if centred:
+                component = component - component.mean(-1, keepdim=True)
+            return (component / scale * direction).sum(-1)
+
+        heads = torch.stack([effect(cache["result", i].movedim(2, 0)) for i in range(L)])
+        biases = []
+        for i in range(L):
+            bias = lm.attention(i).out_proj.bias
+            biases.append(effect(bias.expand_as(x)) if bias is not None else x.new_zeros(B, T))
+        norm_bias = getattr(norm, "bias", None)
+        d = torch.gather(logits, -1, target[..., None])[..., 0]
+        if other is not None:
+            d = d - torch.gather(logits, -1, other[..., None])[..., 0]
+        return Attribution(
+            heads=heads,  # (L, H, B, T)
+            attn_bias=torch.stack(biases),
+            mlp=torch.stack([effect(cache["mlp_out", i]) for i in range(L)]),
+            embed=effect(cache["embed"]),
+            pos_embed=effect(cache["pos_embed"]) if lm.pos is not None else None,
+            norm_bias=(
+                (norm_bias * unembed).sum(-1) if norm_bias is not None else x.new_zeros(B, T)
+            ),
+            logit=d,
+        )

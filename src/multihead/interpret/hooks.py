@@ -1,0 +1,202 @@
+"""Hooks on named activations, TransformerLens-style: read them, cache them, replace them.
+
+    out, cache = run_with_cache(model, ids)                  # every activation, by name
+    cache["pattern", 1]                                      # = cache["blocks.1.attn.hook_pattern"]
+    out = run_with_hooks(model, ids, fwd_hooks=[("blocks.0.attn.hook_z", ablate)])
+    with hooks(model, [(lambda name: name.endswith("hook_z"), fn)]):
+        model(ids)                                           # a context manager form
+
+Names: `hook_names(model)` lists them (`hook_embed`, `hook_pos_embed`, `blocks.{i}.hook_resid_pre`,
+`blocks.{i}.attn.hook_q` ... `hook_z`, `hook_result`, `blocks.{i}.hook_attn_out`, `hook_resid_mid`,
+`hook_mlp_out`, `hook_resid_post`, `ln_final.hook_normalized`; cross-attention blocks have
+`blocks.{i}.cross_attn.*`). A hook is `fn(activation, name)`: it returns None to read, or a
+tensor of the same shape to replace the activation.
+
+Hooks live only inside the call (or `with` block) that set them, only in this thread (context),
+and only on the model given: see `multihead.hook_points`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..hook_points import HookFn, HookSession, hook_point_names
+
+NameFilter = str | Sequence[str] | Callable[[str], bool] | None
+
+ATTENTION_ACTS = {"q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result"}
+BLOCK_ACTS = {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"}
+MODEL_ACTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
+# Computed only when asked by name (each head's (B, T, H, C) contribution is large).
+ON_REQUEST = ("hook_result",)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The eager module behind `torch.compile(model)`: hooks observe eager forwards only."""
+    return getattr(model, "_orig_mod", model)
+
+
+def eager_only(model: nn.Module, what: str) -> nn.Module:
+    """`model`, for a `with` block that observes the calls made inside it. A torch.compile
+    wrapper is refused: its graphs were traced without hooks, so calling it inside the block
+    would run unobserved (a silent no-op)."""
+    if hasattr(model, "_orig_mod"):
+        raise TypeError(
+            f"{what} got a torch.compile(...) model, whose compiled graphs carry no hooks: "
+            "calling it inside the block would run unobserved. Pass model._orig_mod and call "
+            "that inside the block (run_with_cache and run_with_hooks do this themselves)"
+        )
+    return model
+
+
+def hook_names(model: nn.Module) -> list[str]:
+    """Every hook point name of `model`, in forward order."""
+    return [name for name, _, _ in hook_point_names(unwrap(model))]
+
+
+def act_name(name: str, layer: int | None = None, component: str = "attn") -> str:
+    """TransformerLens' shorthand: ("pattern", 1) -> "blocks.1.attn.hook_pattern",
+    ("resid_post", 0) -> "blocks.0.hook_resid_post", "embed" -> "hook_embed";
+    `component="cross_attn"` for a decoder block's cross-attention."""
+    if layer is None:
+        if name in MODEL_ACTS:
+            return MODEL_ACTS[name]
+        if name in ("normalized", "ln_final"):
+            return "ln_final.hook_normalized"
+        return name
+    if name in ATTENTION_ACTS:
+        return f"blocks.{layer}.{component}.hook_{name}"
+    if name in BLOCK_ACTS:
+        return f"blocks.{layer}.hook_{name}"
+    raise KeyError(f"unknown activation {name!r} for layer {layer}")
+
+
+def _select(model: nn.Module, names: NameFilter, *, default_all: bool) -> list[str]:
+    """The hook names a filter selects; unknown names raise with suggestions."""
+    every = hook_names(model)
+    if names is None:
+        return [n for n in every if not n.endswith(ON_REQUEST)] if default_all else []
+    if callable(names):
+        return [n for n in every if names(n)]
+    wanted = [names] if isinstance(names, str) else list(names)
+    known = set(every)
+    for n in wanted:
+        if not isinstance(n, str):
+            raise TypeError(f"hook names must be strings, got {type(n).__name__}")
+        if n not in known:
+            close = difflib.get_close_matches(n, every, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{type(model).__name__} has no hook point {n!r}{hint}")
+    return wanted
+
+
+def _resolve(
+    model: nn.Module, fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]]
+) -> list[tuple[str, HookFn]]:
+    resolved: list[tuple[str, HookFn]] = []
+    for entry in fwd_hooks:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and callable(entry[1])):
+            raise TypeError(f"fwd_hooks holds (name or predicate, fn) pairs, got {entry!r}")
+        name, fn = entry
+        resolved += [(n, fn) for n in _select(model, name, default_all=False)]
+    return resolved
+
+
+@contextmanager
+def hooks(
+    model: nn.Module, fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]]
+) -> Iterator[None]:
+    """Run `fwd_hooks` on `model`'s forwards inside the block (this thread/context only)."""
+    model = eager_only(model, "hooks()")
+    session = HookSession(model, _resolve(model, fwd_hooks), writes=True)
+    with session.active():
+        yield
+
+
+def run_with_hooks(
+    model: nn.Module,
+    *inputs: Any,
+    fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
+    **kwargs: Any,
+) -> Any:
+    """`model(*inputs, **kwargs)` with `fwd_hooks`: [(name or predicate, fn(activation, name))].
+    A torch.compile(...) model runs its eager module (compiled graphs carry no hooks)."""
+    model = unwrap(model)
+    with hooks(model, fwd_hooks):
+        return model(*inputs, **kwargs)
+
+
+class ActivationCache(Mapping[str, Tensor]):
+    """Activations by hook name; `cache["pattern", 1]` and `cache["embed"]` are TransformerLens'
+    shorthands."""
+
+    def __init__(self, store: dict[str, Tensor]) -> None:
+        self._store = store
+
+    def _key(self, key: str | tuple) -> str:
+        if isinstance(key, tuple):
+            return act_name(*key)
+        # "embed", "pos_embed", "normalized": TransformerLens' short names of model-level points
+        return key if key in self._store else act_name(key)
+
+    def __getitem__(self, key: str | tuple) -> Tensor:
+        name = self._key(key)
+        try:
+            return self._store[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, list(self._store), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise KeyError(f"no activation {name!r} in this cache{hint}") from None
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, (str, tuple)) and self._key(key) in self._store
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._store)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __repr__(self) -> str:
+        return f"ActivationCache({len(self)} activations)"
+
+    def stack(self, name: str, component: str = "attn") -> Tensor:
+        """One activation of every block, stacked: e.g. "pattern" -> (layers, B, H, Tq, Tk)."""
+        layers: list[Tensor] = []
+        while act_name(name, len(layers), component) in self._store:
+            layers.append(self._store[act_name(name, len(layers), component)])
+        if not layers:
+            raise KeyError(f"no {name!r} activations of blocks in this cache")
+        return torch.stack(layers)
+
+
+def run_with_cache(
+    model: nn.Module,
+    *inputs: Any,
+    names: NameFilter = None,
+    device: torch.device | str | None = None,
+    **kwargs: Any,
+) -> tuple[Any, ActivationCache]:
+    """`model(*inputs, **kwargs)` and a cache of its activations, detached.
+
+    `names`: a name, a list of names or a predicate; default every hook point except
+    `hook_result` (ask for it by name). `device`: where to keep them (default: where they are).
+    The model computes exactly what it computes without the cache.
+    """
+    model = unwrap(model)
+    selected = _select(model, names, default_all=True)
+    store: dict[str, Tensor] = {}
+
+    def save(activation: Tensor, name: str) -> None:
+        store[name] = activation.detach() if device is None else activation.detach().to(device)
+
+    session = HookSession(model, [(n, save) for n in selected], writes=False)
+    with session.active():
+        out = model(*inputs, **kwargs)
+    return out, ActivationCache(store)
