@@ -151,3 +151,19 @@ def test_attention_only_block_has_no_mlp():
     assert not any("ffn" in k or "norm2" in k for k in lm.state_dict())
     with pytest.raises(ValueError, match="'gelu', 'swiglu' or 'none'"):
         TransformerBlock(16, 4, 32, mlp="mlp")
+
+
+def test_attention_only_hook_points():
+    from multihead.interpret.hooks import hook_names, run_with_cache
+
+    lm = CausalLM(LMConfig(vocab_size=20, dim=16, num_layers=2, num_heads=4, attention_only=True))
+    names = hook_names(lm)
+    assert "blocks.0.hook_mlp_out" not in names and "blocks.1.hook_resid_post" in names
+    ids = torch.randint(0, 20, (2, 7))
+    logits, cache = run_with_cache(lm, ids)
+    torch.testing.assert_close(logits, lm(ids))
+    for i in range(2):  # the stream passes on unchanged: no MLP branch
+        assert torch.equal(
+            cache[f"blocks.{i}.hook_resid_post"], cache[f"blocks.{i}.hook_resid_mid"]
+        )
+    assert torch.equal(cache["blocks.1.hook_resid_pre"], cache["blocks.0.hook_resid_post"])
