@@ -10,6 +10,7 @@ from torch import nn
 
 from multihead import MultiHeadAttention
 from multihead.positional import RelativePositionBias, SharedPosition, relative_position_bucket
+
 from reference import reference_attention
 
 B, H, T, C = 2, 3, 7, 24  # D = 8
