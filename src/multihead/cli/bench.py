@@ -11,7 +11,7 @@ from .parsing import positive_int
 
 NAME = "bench"
 HELP = "run a benchmark and print its table"
-SUBCOMMANDS = ("bench_attention", "bench_embed", "bench_decode")
+SUBCOMMANDS = ("bench_attention", "bench_embed", "bench_decode", "bench_parallel")
 
 
 def add_common(parser) -> None:
