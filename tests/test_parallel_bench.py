@@ -3,6 +3,11 @@ tensor-parallel parts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -145,3 +150,17 @@ def test_cli_bench_parallel_passes_its_options(capsys, monkeypatch):
     seen.clear()
     assert main(["bench", "parallel", "--what", "tensor", "--quick"]) == 0
     assert "ring" not in seen and seen["tp"]["dim"] == 64 and seen["tp"]["repeats"] == 2
+
+
+def test_cli_bench_parallel_help_imports_no_torch():
+    code = (
+        "import sys, contextlib, io\n"
+        "from multihead.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['bench', 'parallel', '-h'])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
