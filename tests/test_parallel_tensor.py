@@ -2,8 +2,8 @@
 same weights: CausalLM (RoPE, ALiBi, learned positions; GQA with kv heads replicated where the
 ranks outnumber them; SwiGLU and GELU MLPs; left padding), KV-cache decoding and generate, the
 BERT encoder (padded and packed), cross-attention with separate projections and attention
-weights; outputs and gradients gathered back to full shape within the fp32 tolerance (atol 1e-5,
-rtol 1e-4). Also: FSDP2 over the data axis of a 2-D mesh trains to the same parameters as one
+weights; hidden states and gradients gathered back to full shape within 1e-5, logits (up to ~60)
+within the fp32 tolerance (atol 1e-5, rtol 1e-4). Also: FSDP2 over the data axis of a 2-D mesh trains to the same parameters as one
 process, the per-rank parameter memory, and clear refusals.
 
 Every rank builds the same model from one seed; checks are grouped per world.
@@ -31,11 +31,15 @@ from multihead.pretrained.bert import BertConfig, BertEncoder
 from conftest import assert_close
 
 
-def assert_within(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    """The project's fp32 tolerance (atol 1e-5, rtol 1e-4); the message says by how much."""
+def assert_within(got: torch.Tensor, want: torch.Tensor, what: str, strict: bool = False) -> None:
+    """The project's fp32 tolerance (atol 1e-5, rtol 1e-4), or `strict`: |difference| <= 1e-5
+    everywhere (for unit-sized values: hidden states, gradients)."""
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     try:
-        assert_close(got, want)
+        if strict:
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        else:
+            assert_close(got, want)
     except AssertionError as err:
         raise AssertionError(f"{what}: {err}") from None
 
@@ -45,7 +49,7 @@ def assert_grads(model: nn.Module, ref: nn.Module, what: str) -> None:
     for name, p in ref.named_parameters():
         got = grads[name]
         assert got is not None, f"{what}: no gradient for {name}"
-        assert_within(got, p.grad, f"{what}: grad of {name}")
+        assert_within(got, p.grad, f"{what}: grad of {name}", strict=True)
 
 
 LM_CASES = [
@@ -80,6 +84,11 @@ def check_causal_lm(mesh, world: int, case: dict) -> None:
     assert (attn.num_heads, attn.head_dim) == (8 // world, 6)
     assert attn.num_kv_heads == max(case["num_kv_heads"] // world, 1)
     ids, mask = lm_inputs()
+    with torch.no_grad():  # the final hidden states (unit-sized, unlike logits of up to ~60)
+        names = "ln_final.hook_normalized"
+        _, hidden = run_with_cache(model, ids, attention_mask=mask, names=names)
+        _, hidden_ref = run_with_cache(ref, ids, attention_mask=mask, names=names)
+    assert_within(hidden[names], hidden_ref[names], f"{what}: hidden states", strict=True)
     logits, expected = model(ids, attention_mask=mask), ref(ids, attention_mask=mask)
     assert_within(logits, expected, f"{what}: logits")
     target = torch.randint(37, ids.shape)
