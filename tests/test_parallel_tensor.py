@@ -24,7 +24,7 @@ from multihead import MultiHeadAttention
 from multihead.bench.tensor_parallel import parameter_bytes
 from multihead.interpret import run_with_cache, run_with_hooks
 from multihead.modules import CausalLM, LMConfig
-from multihead.parallel import full_grads, full_state_dict, tensor_parallel
+from multihead.parallel import full_grads, full_state_dict, sequence_parallel, tensor_parallel
 from multihead.parallel.heads import HeadSplit
 from multihead.pretrained.bert import BertConfig, BertEncoder
 
@@ -183,6 +183,11 @@ def check_hooks_and_refusals(mesh, world: int) -> None:
         model(x, memory)  # inference is fine
     with pytest.raises(ValueError, match="already tensor-parallel"):
         tensor_parallel(model, mesh)
+    # Not both kinds of parallelism on one module, in either order.
+    with pytest.raises(ValueError, match="tensor-parallel attention combined with sequence"):
+        sequence_parallel(model)
+    with pytest.raises(ValueError, match="combined with sequence parallelism are not supported"):
+        tensor_parallel(sequence_parallel(MultiHeadAttention(24, 4)), mesh)
     bad = nn.ModuleDict({"a": MultiHeadAttention(24, 4), "b": MultiHeadAttention(18, 6)})
     before = {n: p.clone() for n, p in bad.state_dict().items()}
     if world == 4:

@@ -8,8 +8,8 @@
   KV caches become the rank's. The output projection is torch's `RowwiseParallel` (DTensor,
   columns in head order): its all-reduce sums the heads of every rank.
 - `FeedForward` (fc1 -> fc2) and `SwiGLU` (gate, up -> down): torch's `ColwiseParallel` then
-  `RowwiseParallel` (DTensor); SwiGLU's input enters as one replicated DTensor so its gradient is
-  all-reduced once for gate and up together.
+  `RowwiseParallel` (DTensor; weights stored row-major first, which FSDP2 needs); SwiGLU's
+  input enters as one replicated DTensor so its gradient is all-reduced once for gate and up.
 - Everything else (embeddings, norms, the LM head) stays replicated: every rank holds it whole
   and computes the same values, so its gradients are equal on every rank without communication.
 
@@ -19,20 +19,16 @@ Shapes: x (B, T, C) replicated on every rank; a rank's heads (B, H/tp, T, D).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
-    RowwiseParallel,
     parallelize_module,
 )
 
@@ -41,64 +37,16 @@ from ..modules.attention import MultiHeadAttention
 from ..modules.feedforward import FeedForward, SwiGLU
 from ..positional import ALiBi
 from ..positional.scheme import PositionScheme
-from .collectives import copy_to_ranks, gather_heads, sum_replica_grads
+from .collectives import copy_to_ranks, gather_heads
 from .heads import HeadSplit
-
-
-@dataclass(frozen=True)
-class TensorParallelHeads:
-    """What `HeadParallel` did to one attention module (kept on it as `_tensor_parallel`)."""
-
-    split: HeadSplit
-    group: dist.ProcessGroup
-    packed: bool  # one in_proj (q | k | v), or q_proj / k_proj / v_proj
-
-
-class ReplicatedKVLinear(nn.Linear):
-    """A column shard holding a kv head that other ranks hold too (grouped-query attention with
-    fewer kv heads than ranks): the forward sums the gradient of those rows over the replicas."""
-
-    def __init__(self, like: nn.Linear, shard: tuple[Tensor, Tensor | None], rows: slice,
-                 heads: TensorParallelHeads) -> None:  # fmt: skip
-        weight, bias = shard
-        super().__init__(weight.shape[1], weight.shape[0], bias=bias is not None,
-                         device="meta", dtype=weight.dtype)  # fmt: skip
-        _set_parameters(self, like, weight, bias)
-        self.kv_rows, self.heads = rows, heads
-
-    def forward(self, x: Tensor) -> Tensor:
-        w: Tensor = self.weight
-        b: Tensor | None = self.bias
-        if torch.is_grad_enabled():
-            split, group = self.heads.split, self.heads.group
-            w = sum_replica_grads(w, self.kv_rows, split, group)
-            b = None if b is None else sum_replica_grads(b, self.kv_rows, split, group)
-        return F.linear(x, w, b)
-
-
-def _linear_shard(linear: nn.Module, rows: Tensor) -> tuple[Tensor, Tensor | None]:
-    """This rank's rows of a Linear's weight and bias: row-major copies (the full weight can be
-    freed; FSDP2 shards only contiguous parameters, and CausalLM stores its matrices
-    column-major for decoding)."""
-    w = cast(Tensor, linear.weight).detach().index_select(0, rows).contiguous()
-    b = linear.bias
-    return w, None if b is None else cast(Tensor, b).detach().index_select(0, rows)
-
-
-def _set_parameters(layer: nn.Linear, like: nn.Linear, weight: Tensor, bias: Tensor | None):
-    layer.weight = nn.Parameter(weight, requires_grad=like.weight.requires_grad)
-    if bias is not None:
-        assert like.bias is not None
-        layer.bias = nn.Parameter(bias, requires_grad=like.bias.requires_grad)
-
-
-def _plain_linear(like: nn.Linear, shard: tuple[Tensor, Tensor | None]) -> nn.Linear:
-    """An nn.Linear holding `shard` (weight rows, bias) with `like`'s requires_grad."""
-    weight, bias = shard
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                    device="meta", dtype=weight.dtype)  # fmt: skip
-    _set_parameters(out, like, weight, bias)
-    return out
+from .linear_shards import (
+    ReplicatedKVLinear,
+    RowMajorColwise,
+    RowMajorRowwise,
+    TensorParallelHeads,
+    linear_shard,
+    plain_linear,
+)
 
 
 def _position_for_rank(scheme: PositionScheme | None, split: HeadSplit) -> PositionScheme | None:
@@ -113,7 +61,7 @@ def _position_for_rank(scheme: PositionScheme | None, split: HeadSplit) -> Posit
         mine.num_heads = len(heads)
         return mine
     shard = getattr(scheme, "shard_heads", None)
-    assert callable(shard)  # checked by _depends_on_heads's caller
+    assert callable(shard)  # checked by check_position_scheme first
     return cast(PositionScheme, shard(heads))
 
 
@@ -144,6 +92,8 @@ class HeadParallel(ParallelStyle):
             )
         if getattr(module, "_tensor_parallel", None) is not None:
             raise ValueError("this MultiHeadAttention is already tensor-parallel")
+        if module._sequence_parallel is not None:
+            raise ValueError("HeadParallel: this MultiHeadAttention is sequence-parallel")
         group = device_mesh.get_group()
         tp, rank = device_mesh.size(), device_mesh.get_local_rank()
         split = HeadSplit.plan(module.num_heads, module.num_kv_heads, module.head_dim, tp, rank)
@@ -154,23 +104,22 @@ class HeadParallel(ParallelStyle):
         replicated = split.kv_replicas > 1
         if module.packed:
             old = module.in_proj
-            shard = _linear_shard(old, split.packed_rows())
+            shard = linear_shard(old, split.packed_rows())
             module.in_proj = (
                 ReplicatedKVLinear(old, shard, split.packed_kv_slice(), heads)
                 if replicated
-                else _plain_linear(old, shard)
+                else plain_linear(old, shard)
             )
         else:
-            q_shard = _linear_shard(module.q_proj, split.query_rows())
-            module.q_proj = _plain_linear(module.q_proj, q_shard)
+            q_shard = linear_shard(module.q_proj, split.query_rows())
+            module.q_proj = plain_linear(module.q_proj, q_shard)
             for name in ("k_proj", "v_proj"):
                 old = getattr(module, name)
-                shard = _linear_shard(old, split.kv_rows())
+                shard = linear_shard(old, split.kv_rows())
                 new = ReplicatedKVLinear(old, shard, slice(None), heads) if replicated else (
-                    _plain_linear(old, shard))  # fmt: skip
+                    plain_linear(old, shard))  # fmt: skip
                 setattr(module, name, new)
-        _row_major(module.out_proj)
-        out = RowwiseParallel()
+        out = RowMajorRowwise()
         out.src_data_rank = self.src_data_rank
         out._apply(module.out_proj, device_mesh)
         module.position = _position_for_rank(module.position, split)
@@ -249,22 +198,23 @@ def _gather_weights(module: nn.Module, args: tuple, output: Any) -> Any:
 
 def tensor_parallel_plan(model: nn.Module, prefix: str = "") -> dict[str, ParallelStyle]:
     """{module path: style} sharding every MultiHeadAttention (`HeadParallel`), FeedForward and
-    SwiGLU of `model`; modules not named stay replicated. Usable with `parallelize_module`."""
+    SwiGLU of `model`; modules not named stay replicated. Usable with `parallelize_module`;
+    `prefix` names `model` inside a larger model, to merge its plan into that model's."""
     plan: dict[str, ParallelStyle] = {}
     for name, module in model.named_modules(prefix=prefix):
         dot = f"{name}." if name else ""
         if isinstance(module, MultiHeadAttention):
             plan[name] = HeadParallel()
         elif isinstance(module, FeedForward):
-            plan[f"{dot}fc1"] = ColwiseParallel()
-            plan[f"{dot}fc2"] = RowwiseParallel()
+            plan[f"{dot}fc1"] = RowMajorColwise()
+            plan[f"{dot}fc2"] = RowMajorRowwise()
         elif isinstance(module, SwiGLU):
             plan[name] = PrepareModuleInput(
                 input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
             )
-            plan[f"{dot}gate"] = ColwiseParallel()
-            plan[f"{dot}up"] = ColwiseParallel()
-            plan[f"{dot}down"] = RowwiseParallel()
+            plan[f"{dot}gate"] = RowMajorColwise()
+            plan[f"{dot}up"] = RowMajorColwise()
+            plan[f"{dot}down"] = RowMajorRowwise()
     return plan
 
 
@@ -293,6 +243,11 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
             where = name or type(model).__name__
             if getattr(module, "_tensor_parallel", None) is not None:
                 raise ValueError(f"{where} is already tensor-parallel")
+            if module._sequence_parallel is not None:
+                raise ValueError(
+                    f"{where}: tensor-parallel heads combined with sequence parallelism are not "
+                    "supported"
+                )
             try:
                 HeadSplit.plan(module.num_heads, module.num_kv_heads, module.head_dim, tp, 0)
             except ValueError as err:
@@ -306,21 +261,4 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
                     f"{name}: the MLP's hidden width ({hidden}) must be a multiple of the "
                     f"tensor-parallel size ({tp})"
                 )
-    plan = tensor_parallel_plan(model)
-    for path in plan:
-        _row_major(model.get_submodule(path))
-    return parallelize_module(model, mesh, plan)
-
-
-def _row_major(module: nn.Module) -> None:
-    """Store the module's matrices row-major before they are sharded: a DTensor keeps the full
-    tensor's strides, and FSDP2 refuses non-contiguous parameters (CausalLM stores its matrices
-    column-major for decoding)."""
-    with torch.no_grad():
-        for p in module.parameters():
-            if not p.is_contiguous():
-                p.data = p.data.contiguous()
-
-
-def is_tensor_parallel(module: nn.Module) -> bool:
-    return getattr(module, "_tensor_parallel", None) is not None
+    return parallelize_module(model, mesh, tensor_parallel_plan(model))

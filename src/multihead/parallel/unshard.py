@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from .tensor_parallel import TensorParallelHeads
+from .linear_shards import TensorParallelHeads
 
 Assemble = Callable[[list[Tensor]], Tensor]
 
