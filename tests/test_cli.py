@@ -234,3 +234,9 @@ def test_analysis_reports_progress_on_each_loop():
 
     analyze(load_encoder(), ["one text", "another text"], progress=record)
     assert seen == [("texts", 2), ("random-token probe", 8)]
+
+
+def test_bench_encoder_layer_quick_runs_from_the_cli(capsys):
+    assert main(["bench", "encoder-layer", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "converted encoders vs torch's fused eval path" in out and "padded" in out

@@ -261,3 +261,10 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
 def test_the_default_report_path_is_checked_too(monkeypatch, capsys, no_model_work):
     monkeypatch.chdir("/proc")  # no new file can be made there, even by root
     fails(capsys, ["inspect", TEXT], "report (give -o PATH) 'multihead-inspect.html'", "cannot")
+
+
+def test_the_cli_knows_every_encoder_type_the_loader_reads():
+    from multihead.cli.model_dir import ENCODER_TYPES
+    from multihead.models.encoder import ENCODER_FAMILIES
+
+    assert set(ENCODER_TYPES) == set(ENCODER_FAMILIES)

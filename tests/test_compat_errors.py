@@ -136,3 +136,11 @@ def test_bad_constructor(args, kwargs, pattern):
 def test_dropout_out_of_range():
     with pytest.raises(ValueError, match=r"dropout must be a float in \[0, 1\), got 1.5"):
         MultiheadAttention(E, H, dropout=1.5)
+
+
+def test_nested_tensor_inputs_are_refused_by_name():
+    """torch takes NestedTensors on its fused path only; the drop-in refuses them clearly."""
+    _, ours = modules(batch_first=True)
+    nt = torch.nested.nested_tensor([torch.randn(4, E), torch.randn(6, E)], layout=torch.jagged)
+    with pytest.raises(TypeError, match="query is a NestedTensor"):
+        ours.eval()(nt, nt, nt)

@@ -21,10 +21,10 @@ from torch import nn
 from helpers_parallel import run_world
 from multihead import MultiHeadAttention
 from multihead.interpret import capture, run_with_cache
+from multihead.models.bert import BertConfig, BertEncoder
 from multihead.modules import CausalLM, Decoder, Encoder, LMConfig, StackConfig
 from multihead.parallel import sequence_parallel, shard_sequence
 from multihead.positional import ALiBi, RotaryEmbedding
-from multihead.pretrained.bert import BertConfig, BertEncoder
 
 from conftest import assert_close
 
@@ -178,6 +178,9 @@ def check_hooks_dropout_refusals(rank: int, world: int) -> None:
         sequence_parallel(BertEncoder(BertConfig(11, 8, 1, 2, 16)))
     with pytest.raises(ValueError, match="layout must be one of"):
         sequence_parallel(copy.deepcopy(ref), layout="striped")
+    windowed = CausalLM(LMConfig(vocab_size=11, dim=8, num_layers=1, num_heads=2, sliding_window=3))
+    with pytest.raises(ValueError, match="sliding-window attention"):
+        sequence_parallel(windowed)
     lm = sequence_parallel(CausalLM(LMConfig(vocab_size=11, dim=8, num_layers=1, num_heads=2)))
     ids = torch.randint(11, (1, 3))
     with pytest.raises(ValueError, match="caches cannot be used under sequence parallelism"):

@@ -23,10 +23,10 @@ from helpers_parallel import run_world
 from multihead import MultiHeadAttention
 from multihead.bench.tensor_parallel import parameter_bytes
 from multihead.interpret import run_with_cache, run_with_hooks
+from multihead.models.bert import BertConfig, BertEncoder
 from multihead.modules import CausalLM, LMConfig
 from multihead.parallel import full_grads, full_state_dict, sequence_parallel, tensor_parallel
 from multihead.parallel.heads import HeadSplit
-from multihead.pretrained.bert import BertConfig, BertEncoder
 
 from conftest import assert_close
 
@@ -55,7 +55,20 @@ def assert_grads(model: nn.Module, ref: nn.Module, what: str) -> None:
 LM_CASES = [
     # (position, H, Hkv, mlp, norm): Hkv = 2 at tp = 4 replicates each kv head to two ranks;
     # Hkv = 1 (multi-query) to every rank.
-    dict(position="rope", num_heads=8, num_kv_heads=2, mlp="swiglu", norm="rmsnorm", bias=False),
+    # (Qwen2-like: q/k/v biases only, head_dim apart from dim / H, sliding windows on layer 0)
+    dict(
+        position="rope",
+        num_heads=8,
+        num_kv_heads=2,
+        mlp="swiglu",
+        norm="rmsnorm",
+        head_dim=4,
+        qkv_bias=True,
+        out_bias=False,
+        mlp_bias=False,
+        sliding_window=5,
+        full_attention_layers=(1,),
+    ),
     dict(position="alibi", num_heads=8, num_kv_heads=8, mlp="gelu", norm="layernorm"),
     dict(position="learned", num_heads=8, num_kv_heads=1, mlp="gelu", norm="layernorm"),
 ]
@@ -81,7 +94,7 @@ def check_causal_lm(mesh, world: int, case: dict) -> None:
     model = tensor_parallel(copy.deepcopy(ref), mesh)
     what = f"tp={world} {case['position']} Hkv={case['num_kv_heads']}"
     attn = model.attention(0)
-    assert (attn.num_heads, attn.head_dim) == (8 // world, 6)
+    assert (attn.num_heads, attn.head_dim) == (8 // world, case.get("head_dim", 6))
     assert attn.num_kv_heads == max(case["num_kv_heads"] // world, 1)
     ids, mask = lm_inputs()
     with torch.no_grad():  # the final hidden states (unit-sized, unlike logits of up to ~60)

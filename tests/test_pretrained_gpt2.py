@@ -82,3 +82,39 @@ def test_checkpoint_mismatch_names_keys(saved, tmp_path):
     assert "h.2.mlp.c_fc.weight" in str(
         err.value
     ) and "layers.0.norm1.weight: checkpoint (5,)" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx = True"),
+        ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn = True"),
+        ({"scale_attn_weights": False}, "scale_attn_weights = False"),
+        ({"add_cross_attention": True}, "add_cross_attention = True"),
+        ({"activation_function": "quick_gelu"}, "activation_function = 'quick_gelu' is not"),
+        ({"layer_norm_epsilon": 0}, "layer_norm_epsilon must be a positive number, got 0"),
+        ({"layer_norm_epsilon": -1e-5}, "layer_norm_epsilon must be a positive number"),
+        ({"n_embd": 0}, "n_embd must be a positive int, got 0"),
+        ({"n_head": 5}, "n_embd 48 is not divisible by n_head 5"),
+        ({"n_positions": -1}, "n_positions must be a positive int"),
+        ({"resid_pdrop": 0.2}, "resid_pdrop 0.2 != embd_pdrop 0.1"),
+        ({"attn_pdrop": 1.5}, r"attn_pdrop must be in \[0, 1\)"),
+    ],
+)
+def test_unimplemented_gpt2_flags_are_refused(saved, tmp_path, change, message):
+    import json
+
+    _, path = saved
+    config = json.loads((path / "config.json").read_text()) | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match=message):
+        load_causal_lm(tmp_path)
+
+
+def test_dropout_rates_and_dtype(saved):
+    _, path = saved
+    ours = load_causal_lm(path, dtype=torch.bfloat16)
+    assert ours.config.dropout == 0.1 and ours.config.attn_dropout == 0.1
+    assert ours.attention(0).dropout == 0.1 and not ours.training
+    assert ours.tok.weight.dtype == torch.bfloat16 and ours.head.weight is ours.tok.weight

@@ -90,7 +90,10 @@ def test_bad_model_directories(tmp_path):
         load_encoder(tmp_path / "m")
     save_bert(tmp_path / "w")
     (tmp_path / "w" / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match=r"lacks model\.safetensors or pytorch_model\.bin"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"lacks model\.safetensors, model\.safetensors\.index\.json or pytorch_model\.bin",
+    ):
         load_encoder(tmp_path / "w")
     save_bert(tmp_path / "c")
     (tmp_path / "c" / "config.json").unlink()

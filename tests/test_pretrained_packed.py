@@ -129,3 +129,41 @@ def test_encode_on_cuda_matches_cpu(bert):
     finally:
         enc.to("cpu")
     np.testing.assert_allclose(on_gpu, on_cpu, atol=1e-5)
+
+
+def test_concurrent_encode_calls_do_not_truncate_each_other(bert):
+    """encode(max_seq_length=...) in one thread must not change another thread's truncation
+    (it used to set the shared tokenizer's)."""
+    _, enc = bert
+    texts = ["the cat sat on the mat and the dog runs fast . " * 3] * 4
+    full, short = enc.encode(texts), enc.encode(texts, max_seq_length=5)
+    assert len(enc.tokenize(texts[:1])[0]) > 20 and len(enc.tokenize(texts[:1], 5)[0]) == 5
+    assert np.abs(full - short).max() > 1e-2  # truncation shows in the embedding
+    failures = []
+    start = threading.Barrier(2)
+
+    def run(limit, expected):
+        start.wait()
+        for _ in range(30):
+            got = enc.encode(texts, max_seq_length=limit)
+            if np.abs(got - expected).max() > 1e-6:
+                failures.append(limit)
+
+    threads = [
+        threading.Thread(target=run, args=(None, full)),
+        threading.Thread(target=run, args=(5, short)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_max_seq_length_shorter_than_the_special_tokens(bert):
+    _, enc = bert
+    assert enc.tokenize(["the cat sat"], 2) == [[2, 3]]  # [CLS] [SEP]
+    with pytest.raises(ValueError, match="max_seq_length 1 is shorter than the 2 special tokens"):
+        enc.encode(["the cat"], max_seq_length=1)
+    with pytest.raises(ValueError, match=r"max_seq_length must be an int in \[1, 64\], got 0"):
+        enc.encode(["the cat"], max_seq_length=0)

@@ -1,4 +1,5 @@
-"""`multihead bench decode`: greedy decoding on a GPT-2-small-shaped model (random weights).
+"""`multihead bench decode`: greedy decoding on a GPT-2-small-shaped model (random weights), or
+on a checkpoint directory (any model_type `load_causal_lm` reads, `run(model_dir=...)`).
 
 Side by side in one process, on identical weights: multihead with its KV cache; the same model
 recomputing the whole sequence at every step (timed at positions 128 and 384: a full run would
@@ -39,11 +40,25 @@ def _models(layers: int, dim: int, heads: int, vocab: int, positions: int):
     )
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
-    from ..pretrained.gpt2 import gpt2_config, load_gpt2_weights
+    from ..models.checkpoint import StateDictCheckpoint
+    from ..models.gpt2 import GPT2
+    from ..models.loading import load_model
 
-    ours = CausalLM(gpt2_config(cfg.to_dict() | {"model_type": "gpt2"}))
-    load_gpt2_weights(ours, hf.state_dict())
-    return ours.eval(), hf
+    state = StateDictCheckpoint(hf.state_dict())
+    ours = load_model(GPT2, cfg.to_dict() | {"model_type": "gpt2"}, state, dtype=torch.float32)
+    assert isinstance(ours, CausalLM)
+    return ours, hf
+
+
+def _checkpoint_models(model_dir: str):
+    """multihead and transformers on the same checkpoint directory, both in fp32."""
+    import transformers
+
+    from ..models import load_causal_lm
+
+    ours = load_causal_lm(model_dir, dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return ours, hf.eval()
 
 
 def _cached_steps(model: CausalLM, prompt: torch.Tensor, new: int) -> list[float]:
@@ -72,15 +87,29 @@ def _recompute_step(model: CausalLM, ids: torch.Tensor, repeats: int = 2) -> flo
     return statistics.median(times)
 
 
-def run(*, batches=(1, 8), prompt_len: int = 128, new: int = 256, repeats: int = 2) -> str:
+def run(
+    *,
+    batches=(1, 8),
+    prompt_len: int = 128,
+    new: int = 256,
+    repeats: int = 2,
+    model_dir: str | None = None,
+) -> str:
     try:
         import transformers  # noqa: F401
     except ImportError:
         raise ImportError(
             "multihead bench decode compares against transformers: pip install 'multihead[bench]'"
         ) from None
-    layers, dim, heads, vocab = 12, 768, 12, 50257
-    ours, hf = _models(layers, dim, heads, vocab, 1024)
+    if model_dir is None:
+        layers, dim, heads, vocab = 12, 768, 12, 50257
+        ours, hf = _models(layers, dim, heads, vocab, 1024)
+        described = "GPT-2-small shape (12 x 12 heads x 768, vocab 50257, random weights)"
+    else:
+        ours, hf = _checkpoint_models(model_dir)
+        c = ours.config
+        vocab = c.vocab_size
+        described = f"{model_dir} ({c.num_layers} x {c.num_heads} heads x {c.dim}, vocab {vocab})"
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())  # wte counted once
     bandwidth = read_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3
@@ -128,8 +157,8 @@ def run(*, batches=(1, 8), prompt_len: int = 128, new: int = 256, repeats: int =
     env = environment()
     return "\n".join(
         [
-            "multihead bench decode: greedy, GPT-2-small shape (12 x 12 heads x 768, vocab 50257, "
-            f"random weights), prompt {prompt_len}, {new} new tokens, {repeats} interleaved runs; "
+            f"multihead bench decode: greedy, {described}, "
+            f"prompt {prompt_len}, {new} new tokens, {repeats} interleaved runs; "
             + ", ".join(f"{k} {v}" for k, v in env.items()),
             f"weights {weight_bytes / 2**20:.0f} MiB fp32; measured read bandwidth "
             f"{bandwidth / 1e9:.1f} GB/s -> memory floor {floor_ms:.1f} ms per step",

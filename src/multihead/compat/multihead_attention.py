@@ -14,12 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import masks
 from ..functional.call import make_call
 from ..hook_points import ModuleHooks, hooks_for
 from ..modules.attend import ATTENTION_HOOK_POINTS, attend, head_results
+from ..modules.attention import MultiHeadAttention
 from ..modules.projections import PackedWeights, heads_first, project_packed
-from .checks import check_forward
+from . import weights
+from .checks import check_forward, check_types
+from .mask_rules import multihead_masks, torch_fast_path, uses_causal_hint
 
 
 class MultiheadAttention(nn.MultiheadAttention):
@@ -81,28 +83,24 @@ class MultiheadAttention(nn.MultiheadAttention):
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiheadAttention:
         """A drop-in with `module`'s configuration, weights, device, dtype and mode."""
-        from .convert import from_torch
-
-        return from_torch(module)
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(module).__name__}")
+        return weights.rebuild(module, cls)
 
     def to_torch(self) -> nn.MultiheadAttention:
         """A plain torch.nn.MultiheadAttention with this module's configuration and weights."""
-        from .convert import to_torch
-
-        return to_torch(self)
+        return weights.rebuild(self, nn.MultiheadAttention)
 
     @classmethod
-    def from_modern(cls, module, *, batch_first: bool = True) -> MultiheadAttention:
+    def from_modern(
+        cls, module: MultiHeadAttention, *, batch_first: bool = True
+    ) -> MultiheadAttention:
         """A drop-in holding a `multihead.MultiHeadAttention`'s weights."""
-        from .convert import from_modern
+        return weights.from_modern(module, cls, batch_first=batch_first)
 
-        return from_modern(module, batch_first=batch_first)
-
-    def to_modern(self):
+    def to_modern(self) -> MultiHeadAttention:
         """This module's weights in a `multihead.MultiHeadAttention` (batch-first)."""
-        from .convert import to_modern
-
-        return to_modern(self)
+        return weights.to_modern(self)
 
     def forward(
         self,
@@ -132,22 +130,35 @@ class MultiheadAttention(nn.MultiheadAttention):
             and hooks is None
         ):
             return self._plain_self_attention(query), None
-        batched = check_forward(self, query, key, value, key_padding_mask, attn_mask, is_causal)
+        # torch's fast path applies attn_mask and ignores is_causal; its standard path trusts
+        # the is_causal hint when it can (see mask_rules). Decide as torch would.
+        check_types(query, key, value, key_padding_mask, attn_mask)
+        fast = torch_fast_path(self, query, key, value, key_padding_mask, attn_mask)
+        hint = uses_causal_hint(is_causal, fast, key_padding_mask, need_weights)
+        batched = check_forward(
+            self,
+            query,
+            key,
+            value,
+            key_padding_mask,
+            attn_mask,
+            mask_required=bool(is_causal) and not fast,
+            mask_used=not hint,
+        )
         self_attention = query is key and key is value
         if not batched:  # (L, E) -> (1, L, E), handled as batch-first
             query, key, value = query[None], key[None], value[None]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[None]
         batch_first = self.batch_first or not batched
-        B = query.shape[0] if batch_first else query.shape[1]
         L = query.shape[1] if batch_first else query.shape[0]
 
         q, k, v = self._project(query, key, value, self_attention, batch_first)
         if hooks is not None:
             q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
         k, v, extra = self._append_extra_keys(k, v)
-        mask, bias, causal = self._masks(
-            key_padding_mask, attn_mask, is_causal, need_weights, B, L, k.shape[2], extra
+        mask, bias, causal = multihead_masks(
+            key_padding_mask, attn_mask, hint, self.num_heads, L, k.shape[2], extra, q.device
         )
         call = make_call(
             q,
@@ -199,7 +210,13 @@ class MultiheadAttention(nn.MultiheadAttention):
         self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, batch_first: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Inputs -> q, k, v as (B, H, T, D) views of the projections."""
-        w, b = self.in_proj_weight, self.in_proj_bias
+        w = self.in_proj_weight
+        b: Tensor | None = self.in_proj_bias
+        weight_dtype = (self.q_proj_weight if w is None else w).dtype
+        if b is not None and b.dtype != weight_dtype:
+            # A bias of another dtype than the weights: torch's standard path promotes it in the
+            # matmul's addition; cast it to the weights' dtype, which gives the same result.
+            b = b.to(weight_dtype)
         H = self.num_heads
         if self._qkv_same_embed_dim:
             packed = PackedWeights(w, b, lambda x: F.linear(x, w, b))
@@ -223,46 +240,3 @@ class MultiheadAttention(nn.MultiheadAttention):
             v = torch.cat([v, v.new_zeros(B, H, 1, D)], dim=2)
             extra += 1
         return k, v, extra
-
-    def _masks(
-        self,
-        key_padding_mask: Tensor | None,
-        attn_mask: Tensor | None,
-        is_causal: bool,
-        need_weights: bool,
-        B: int,
-        L: int,
-        S: int,
-        extra: int,
-    ) -> tuple[Tensor | None, Tensor | None, bool]:
-        """torch's masks (True = blocked, or additive) -> multihead's (mask True = may attend,
-        bias), broadcastable to (B, H, L, S), padded for the appended keys."""
-        if is_causal and key_padding_mask is None and not need_weights:
-            # torch trusts the hint here and runs SDPA's top-left causal mask instead of attn_mask.
-            if L == S:
-                return None, None, True
-            assert attn_mask is not None  # check_forward requires it with is_causal
-            return masks.causal(L, S, align="top_left", device=attn_mask.device), None, False
-        mask: Tensor | None = None
-        bias: Tensor | None = None
-        if attn_mask is not None:
-            if attn_mask.dim() == 3:  # (B * H, L, S0) -> (B, H, L, S0); unbatched (H, L, S0) too
-                attn_mask = attn_mask.view(-1, self.num_heads, *attn_mask.shape[-2:])
-            mask, bias = _split(attn_mask, extra)
-        if key_padding_mask is not None:
-            kp_mask, kp_bias = _split(key_padding_mask[:, None, None, :], extra)  # (B,1,1,S)
-            mask = masks.combine(mask, kp_mask)
-            bias = kp_bias if bias is None else bias if kp_bias is None else bias + kp_bias
-        return mask, bias, False
-
-
-def _split(torch_mask: Tensor, extra: int) -> tuple[Tensor | None, Tensor | None]:
-    """One torch mask -> (boolean may-attend mask, None) or (None, additive bias), with `extra`
-    appended keys that every query may attend to."""
-    if torch_mask.dtype == torch.bool:
-        allowed = ~torch_mask
-        if extra:
-            allowed = F.pad(allowed, (0, extra), value=True)
-        return allowed, None
-    bias = F.pad(torch_mask, (0, extra), value=0.0) if extra else torch_mask
-    return None, bias

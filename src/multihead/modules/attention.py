@@ -55,7 +55,8 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads Hkv (must divide H); defaults to H. 1 = multi-query.
         head_dim: width D of each head; defaults to `embed_dim // num_heads`.
         kdim, vdim: widths of the key and value inputs (cross-attention); default `embed_dim`.
-        bias: biases on the projections.
+        bias: biases on the q/k/v projections (and, by default, the output projection).
+        out_bias: bias on the output projection; defaults to `bias` (Qwen2: q/k/v only).
         dropout: dropout on the attention probabilities, in training mode only.
         causal: default for `forward(causal=...)`.
         position: a `PositionScheme` (`RotaryEmbedding` rotates q and k, `ALiBi` adds its
@@ -80,6 +81,7 @@ class MultiHeadAttention(nn.Module):
         kdim: int | None = None,
         vdim: int | None = None,
         bias: bool = True,
+        out_bias: bool | None = None,
         dropout: float = 0.0,
         causal: bool = False,
         position: PositionScheme | None = None,
@@ -117,7 +119,8 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(embed_dim, q_width, bias=bias, **factory)
             self.k_proj = nn.Linear(kdim, kv_width, bias=bias, **factory)
             self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
-        self.out_proj = nn.Linear(q_width, embed_dim, bias=bias, **factory)
+        out_bias = bias if out_bias is None else out_bias
+        self.out_proj = nn.Linear(q_width, embed_dim, bias=out_bias, **factory)
         self._widths = (q_width, kv_width, kv_width)
         if position is not None:
             if not isinstance(position, PositionScheme):

@@ -67,19 +67,31 @@ class TransformerBlock(nn.Module):
         causal: bool = False,
         cross_attention: bool = False,
         position: PositionScheme | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool | None = None,
+        out_bias: bool | None = None,
+        mlp_bias: bool | None = None,
         device=None,
         dtype=None,
     ) -> None:
         """`mlp`: "gelu" (Linear-GELU-Linear; `activation` names another pointwise function, as
-        Hugging Face's hidden_act) or "swiglu". `norm`: "layernorm" or "rmsnorm"."""
+        Hugging Face's hidden_act) or "swiglu". `norm`: "layernorm" or "rmsnorm".
+        `head_dim`: per-head width of self-attention (default dim // num_heads). `qkv_bias`,
+        `out_bias`, `mlp_bias`: biases of the q/k/v projection, the attention's output
+        projection and the MLP, each defaulting to `bias` (Qwen2: q/k/v only)."""
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.norm_first = norm_first
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        out_bias = bias if out_bias is None else out_bias
+        mlp_bias = bias if mlp_bias is None else mlp_bias
         self.attn = MultiHeadAttention(
             dim,
             num_heads,
             num_kv_heads=num_kv_heads,
-            bias=bias,
+            head_dim=head_dim,
+            bias=qkv_bias,
+            out_bias=out_bias,
             dropout=attn_dropout,
             causal=causal,
             position=position,
@@ -99,10 +111,10 @@ class TransformerBlock(nn.Module):
             self.norm_cross = make_norm(norm, dim, norm_eps, **factory)
             self.hook_points = BLOCK_HOOK_POINTS + CROSS_HOOK_POINTS
         if mlp == "swiglu":
-            self.ffn: nn.Module = SwiGLU(dim, ffn_dim, bias=bias, **factory)
+            self.ffn: nn.Module = SwiGLU(dim, ffn_dim, bias=mlp_bias, **factory)
         elif mlp == "gelu":
             self.ffn = FeedForward(
-                dim, ffn_dim, activation_name=activation or "gelu", bias=bias, **factory
+                dim, ffn_dim, activation_name=activation or "gelu", bias=mlp_bias, **factory
             )
         else:
             raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu' or 'swiglu'")
@@ -196,8 +208,10 @@ def make_blocks(
 ) -> nn.ModuleList:
     """`config.num_layers` TransformerBlocks from a model config (StackConfig, LMConfig): the
     fields dim, num_heads, ffn_dim (None: 4 * dim), num_kv_heads, norm, norm_eps, mlp,
-    activation, bias, dropout, and norm_first unless given. `position` makes each layer's
-    position module (RoPE/ALiBi)."""
+    activation, bias, dropout, and norm_first unless given; when the config has them, head_dim,
+    qkv_bias, out_bias, mlp_bias and attn_dropout (None: dropout). `position` makes each
+    layer's position module (RoPE/ALiBi)."""
+    attn_dropout = getattr(config, "attn_dropout", None)
     return nn.ModuleList(
         TransformerBlock(
             config.dim,
@@ -211,10 +225,14 @@ def make_blocks(
             activation=config.activation,
             bias=config.bias,
             dropout=config.dropout,
-            attn_dropout=config.dropout,
+            attn_dropout=config.dropout if attn_dropout is None else attn_dropout,
             causal=causal,
             cross_attention=cross_attention,
             position=position() if position is not None else None,
+            head_dim=getattr(config, "head_dim", None),
+            qkv_bias=getattr(config, "qkv_bias", None),
+            out_bias=getattr(config, "out_bias", None),
+            mlp_bias=getattr(config, "mlp_bias", None),
             device=device,
             dtype=dtype,
         )

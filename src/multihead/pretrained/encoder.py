@@ -1,5 +1,5 @@
 """SentenceEncoder: a BERT-family encoder + tokenizer + pooling, with sentence-transformers'
-`encode` conventions.
+`encode` conventions (pooling and normalisation as the model directory says).
 
 Speed comes from computing nothing on padding: every text is tokenised in one Rust call, texts
 are sorted by token count, and a batch is the texts' tokens packed one after another (no padding,
@@ -21,8 +21,10 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from ..functional.varlen import VarLen
+from ..models.bert import BertEncoder, EncoderOutput
 from .batches import TOKENS_PER_TEXT, run_batches, token_batches
-from .bert import BertEncoder, EncoderOutput
+from .pooling import POOLING_MODES, pool_packed, pool_padded
+from .tokenizer import encode_ids
 
 
 class SentenceEncoder(nn.Module):
@@ -39,19 +41,29 @@ class SentenceEncoder(nn.Module):
         max_seq_length: int,
         normalize: bool,
         pad_token_id: int,
+        pooling: tuple[str, ...] = ("mean",),
         source: Path | None = None,
     ) -> None:
+        """`pooling`: modes among "mean", "cls", "max", concatenated when several."""
         super().__init__()
+        if not pooling or any(m not in POOLING_MODES for m in pooling):
+            raise ValueError(f"pooling must be modes among {POOLING_MODES}, got {pooling!r}")
+        if not 1 <= max_seq_length <= model.config.max_length:
+            raise ValueError(
+                f"max_seq_length must be in [1, {model.config.max_length}], got {max_seq_length}"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
         self.normalize = normalize
         self.pad_token_id = pad_token_id
+        self.pooling = tuple(pooling)
         self.source = source
 
     @property
     def dim(self) -> int:
-        return self.model.config.hidden_size
+        """The embedding's width: hidden size times the number of pooling modes."""
+        return self.model.config.hidden_size * len(self.pooling)
 
     @property
     def device(self) -> torch.device:
@@ -77,15 +89,22 @@ class SentenceEncoder(nn.Module):
         )
 
     def tokenize(self, texts: list[str], max_seq_length: int | None = None) -> list[list[int]]:
-        """Token ids per text, with [CLS]/[SEP], truncated to the maximum length."""
+        """Token ids per text, with the special tokens ([CLS]/[SEP], <s>/</s>), truncated to
+        the maximum length (this call's only: the tokenizer is not changed)."""
         limit = self.max_seq_length if max_seq_length is None else max_seq_length
-        if limit != self.max_seq_length:
-            self.tokenizer.enable_truncation(max_length=limit)
-        try:
-            return [e.ids for e in self.tokenizer.encode_batch(texts)]
-        finally:
-            if limit != self.max_seq_length:
-                self.tokenizer.enable_truncation(max_length=self.max_seq_length)
+        return encode_ids(self.tokenizer, texts, limit)
+
+    @property
+    def special_ids(self) -> tuple[list[int], list[int]]:
+        """The ids the tokenizer puts before and after every text: ([CLS], [SEP]) for BERT,
+        ([<s>], [</s>]) for RoBERTa, ([], []) for a tokenizer that adds none."""
+        inner = self.tokenizer.encode("a", add_special_tokens=False).ids
+        full = self.tokenizer.post_process(self.tokenizer.encode("a", add_special_tokens=False))
+        ids = full.ids
+        for i in range(len(ids) - len(inner) + 1):
+            if ids[i : i + len(inner)] == inner:
+                return ids[:i], ids[i + len(inner) :]
+        return [], []
 
     def batch(self, ids: list[list[int]]) -> tuple[Tensor, Tensor]:
         """Right-pad token ids to the longest: input_ids (B, T) and attention_mask (B, T)."""
@@ -100,8 +119,11 @@ class SentenceEncoder(nn.Module):
     @staticmethod
     def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
         """Mean over real tokens: (B, T, C), (B, T) -> (B, C)."""
-        m = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return pool_padded(hidden, attention_mask, ("mean",))
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        """The model's own pooling (see `pooling`): (B, T, C), (B, T) -> (B, dim)."""
+        return pool_padded(hidden, attention_mask, self.pooling)
 
     def encode(
         self,
@@ -115,13 +137,15 @@ class SentenceEncoder(nn.Module):
         """Sentence embeddings, as sentence-transformers' `SentenceTransformer.encode`.
 
         A list gives a `(N, dim)` float32 array (a tensor with `convert_to_tensor=True`), a single
-        string a `(dim,)` vector. Mean pooling over real tokens. As in sentence-transformers, a
+        string a `(dim,)` vector. Pooled as the model directory says (mean over real tokens
+        unless 1_Pooling/config.json says CLS or max). As in sentence-transformers, a
         model whose pipeline normalises (all-MiniLM-L6-v2's modules.json lists Normalize) always
         does; `normalize_embeddings=True` normalises the others too. Results do not depend on
         batch size, order or batch companions. `batch_size` bounds memory: a batch packs up to
         `batch_size * 64` tokens (a longer text gets a batch of its own), never more than the
-        `batch_size * max_seq_length` a padded batch may hold. Unnormalised mean-pooled states:
-        `mean_pool(self(input_ids, mask).last_hidden_state, mask)`.
+        `batch_size * max_seq_length` a padded batch may hold. Unnormalised pooled states:
+        `pool(self(input_ids, mask).last_hidden_state, mask)`. Concurrent calls (threads), with
+        different `max_seq_length`s or not, do not affect each other.
         """
         single = isinstance(sentences, str)
         texts = [sentences] if single else sentences
@@ -134,15 +158,21 @@ class SentenceEncoder(nn.Module):
                 raise TypeError(f"sentences[{i}] must be a string, got {type(text).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if max_seq_length is not None and not 1 <= max_seq_length <= self.max_position_limit:
+        if max_seq_length is not None and (
+            isinstance(max_seq_length, bool)
+            or not isinstance(max_seq_length, int)
+            or not 1 <= max_seq_length <= self.max_position_limit
+        ):
             raise ValueError(
-                f"max_seq_length must be in [1, {self.max_position_limit}], got {max_seq_length}"
+                f"max_seq_length must be an int in [1, {self.max_position_limit}], "
+                f"got {max_seq_length!r}"
             )
         normalize = self.normalize or bool(normalize_embeddings)
 
         out = torch.empty(len(texts), self.dim)
         if texts:
             ids = self.tokenize([str(t) for t in texts], max_seq_length)
+            self._check_vocabulary(ids)
             order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first
             batches = token_batches(order, [len(x) for x in ids], batch_size * TOKENS_PER_TEXT)
 
@@ -167,11 +197,23 @@ class SentenceEncoder(nn.Module):
             np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=packed.total)
         ).to(self.device)
         hidden = self.model(flat, lengths=packed).last_hidden_state  # (N, C)
-        pooled = packed.mean(hidden)  # mean over each text's tokens, (n, C)
+        pooled = pool_packed(hidden, packed, self.pooling)  # (n, dim)
         if normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.float().cpu()
 
+    def _check_vocabulary(self, ids: list[list[int]]) -> None:
+        """The tokenizer's ids fit the model's embedding table (checked on the Python lists,
+        before any tensor is made)."""
+        vocab = self.model.config.vocab_size
+        highest = max((max(x) for x in ids if x), default=-1)
+        if highest >= vocab:
+            raise ValueError(
+                f"the tokenizer produced token id {highest}, outside the model's vocabulary "
+                f"({vocab} ids): tokenizer.json does not belong to this model"
+            )
+
     @property
     def max_position_limit(self) -> int:
-        return self.model.config.max_position_embeddings
+        """The longest sequence the model's position table holds."""
+        return self.model.config.max_length

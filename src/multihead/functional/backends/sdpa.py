@@ -17,7 +17,6 @@ Shapes: q (B, H, Tq, D), k/v (B, Hkv, Tk, D); masks 4-D, broadcastable to (B, H,
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..call import AttentionCall
@@ -27,6 +26,11 @@ from .allowed import allowed_mask, causal_block
 # float copy of it 32-64 MB). Calls below it run whole.
 CHUNK_ELEMENTS = 2**24
 MIN_CHUNK_ROWS = 128
+
+# torch's kernel itself (what `F.scaled_dot_product_attention` is bound to), looked up once: code
+# that swaps multihead's drop-in into `torch.nn.functional` (as tools/run_torch_tests.py does)
+# must not make this backend call the drop-in, and so itself.
+_sdpa = torch._C._nn.scaled_dot_product_attention
 
 
 def sdpa_why_not(call: AttentionCall) -> list[str]:
@@ -58,7 +62,7 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
 
 def _plain(call: AttentionCall, causal: bool) -> Tensor:
     q, k, v = call.q, call.k, call.v
-    return F.scaled_dot_product_attention(
+    return _sdpa(
         q,
         k,
         v,
@@ -137,9 +141,7 @@ def _fused(
     else:
         low = torch.finfo(q.dtype).min
         attn_mask = torch.where(keep, bias.to(q.dtype), low).masked_fill(~row_ok, 0.0)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
-    )
+    out = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
     # torch.where keeps the kernel's (B, T, H, D) memory layout, so the caller's
     # (B, H, T, D) -> (B, T, H*D) reshape stays free; masked_fill would densify it (2 copies).
     return torch.where(row_ok, out, 0.0)
