@@ -12,7 +12,7 @@ A forward is four steps, the same in every mode: project (and split heads), plac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -68,6 +68,8 @@ class MultiHeadAttention(nn.Module):
     """
 
     hook_points: tuple[str, ...] = ATTENTION_HOOK_POINTS
+    # Set by multihead.parallel.sequence_parallel: runs forward as ring attention over a group.
+    _sequence_parallel: Callable[..., Tensor] | None = None
 
     def __init__(
         self,
@@ -171,6 +173,11 @@ class MultiHeadAttention(nn.Module):
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
+        if self._sequence_parallel is not None:  # this rank holds a chunk of the sequence
+            return self._sequence_parallel(
+                self, query, key, value, mask=mask, key_mask=key_mask, causal=causal,
+                return_weights=return_weights, cache=cache, positions=positions, lengths=lengths,
+            )  # fmt: skip
         causal = self.causal if causal is None else check_flag("causal", causal)
         check_flag("return_weights", return_weights)
         hooks = hooks_for(self)
