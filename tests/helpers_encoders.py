@@ -1,6 +1,6 @@
-"""Small random RoBERTa, XLM-RoBERTa and DistilBERT checkpoints saved by `transformers`, each
-with a real tokenizer.json trained on a few sentences with the `tokenizers` library (BPE,
-Unigram, WordPiece), optionally wrapped as a sentence-transformers model (Pooling, Normalize).
+"""Small random RoBERTa, XLM-RoBERTa, DistilBERT and MPNet checkpoints saved by `transformers`,
+each with a real tokenizer.json trained on a few sentences with the `tokenizers` library (BPE,
+Unigram, WordPiece; MPNet's: WordPiece with RoBERTa's <s> </s> specials), optionally wrapped as a sentence-transformers model (Pooling, Normalize).
 Nothing is downloaded."""
 
 from __future__ import annotations
@@ -69,12 +69,36 @@ def _wordpiece():
     return tok
 
 
+def _wordpiece_mpnet():
+    """As all-mpnet-base-v2's: lowercasing WordPiece, <s> $A </s> with <pad> at id 1."""
+    from tokenizers import BertWordPieceTokenizer, processors
+
+    helper = BertWordPieceTokenizer(
+        lowercase=True,
+        unk_token="<unk>",
+        sep_token="</s>",
+        cls_token="<s>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+    )
+    helper.train_from_iterator(SENTENCES * 3, vocab_size=200, special_tokens=SPECIAL_ROBERTA)
+    tok = helper._tokenizer  # the Tokenizer inside the helper class
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tok
+
+
 def save_tokenizer(directory: Path, kind: str) -> int:
     """tokenizer.json (+ tokenizer_config.json, as transformers saves) in `directory`; returns
     the vocabulary size."""
     import transformers
 
-    tok = {"bpe": _bpe, "unigram": _unigram, "wordpiece": _wordpiece}[kind]()
+    makers = {
+        "bpe": _bpe,
+        "unigram": _unigram,
+        "wordpiece": _wordpiece,
+        "wordpiece-mpnet": _wordpiece_mpnet,
+    }
+    tok = makers[kind]()
     specials = (
         dict(
             bos_token="<s>",
@@ -114,6 +138,7 @@ KINDS = {
         "wordpiece",
         dict(max_position_embeddings=40),
     ),
+    "mpnet": ("MPNetConfig", "MPNetModel", "wordpiece-mpnet", dict(max_position_embeddings=40)),
 }
 
 

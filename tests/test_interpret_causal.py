@@ -176,7 +176,7 @@ def test_a_bare_causal_lm_needs_its_tokenizer(gpt2):
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
     from multihead.pretrained import load_causal_lm
-    from multihead.pretrained.affixes import read_tokenizer
+    from multihead.pretrained.tokenizer import read_tokenizer
 
     save_gpt2(tmp_path, extra_vocab=0)
     model = load_causal_lm(tmp_path)

@@ -2,9 +2,10 @@
 on a checkpoint directory (any model_type `load_causal_lm` reads, `run(model_dir=...)`).
 
 Side by side in one process, on identical weights: multihead with its KV cache; the same model
-recomputing the whole sequence at every step (timed at positions 128 and 384: a full run would
-take many minutes here); and Hugging Face transformers' GPT-2 `generate`. Also prints the
-floor set by memory bandwidth: weight bytes read per step / measured read bandwidth.
+recomputing the whole sequence at every step (timed at the prompt's length and at prompt + new
+tokens, 128 and 384 by default: a full run would take many minutes here); and Hugging Face
+transformers' `generate`. Also prints the floor set by memory bandwidth: weight bytes read per
+step / measured read bandwidth.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def run(
     floor_ms = weight_bytes / bandwidth * 1e3
     rows = []
     notes = []
+    first, last = prompt_len, prompt_len + new  # the positions the two timings are taken at
     for B in batches:
         print(f"  batch {B}...", file=sys.stderr, flush=True)
         prompt = torch.randint(0, vocab, (B, prompt_len))
@@ -133,11 +135,11 @@ def run(
             assert out.shape[1] == prompt_len + new
         ours_s, hf_s = statistics.median(ours_runs), statistics.median(hf_runs)
         steps = per_step[-1]
-        early = statistics.median(steps[:8]) * 1e3  # positions ~128
-        late = statistics.median(steps[-8:]) * 1e3  # positions ~384
+        early = statistics.median(steps[:8]) * 1e3  # positions ~prompt_len
+        late = statistics.median(steps[-8:]) * 1e3  # positions ~prompt_len + new
         full = torch.randint(0, vocab, (B, prompt_len + new))
-        rec_128 = _recompute_step(ours, full[:, :prompt_len]) * 1e3
-        rec_384 = _recompute_step(ours, full) * 1e3
+        rec_first = _recompute_step(ours, full[:, :prompt_len]) * 1e3
+        rec_last = _recompute_step(ours, full) * 1e3
         rows.append(
             [
                 str(B),
@@ -147,12 +149,13 @@ def run(
                 f"{early:.1f}",
                 f"{late:.1f}",
                 f"{late / early:.2f}",
-                f"{rec_128:.0f} / {rec_384:.0f}",
+                f"{rec_first:.0f} / {rec_last:.0f}",
                 f"{floor_ms:.1f}",
             ]
         )
         notes.append(
-            f"batch {B}: recomputing costs {rec_384 / late:.0f}x the cached step at position 384"
+            f"batch {B}: recomputing costs {rec_last / late:.0f}x the cached step at position "
+            f"{last}"
         )
     env = environment()
     return "\n".join(
@@ -169,10 +172,10 @@ def run(
                     "multihead tok/s",
                     "HF tok/s",
                     "speed-up",
-                    "ms/step @128",
-                    "ms/step @384",
-                    "@384/@128",
-                    "recompute ms @128/@384",
+                    f"ms/step @{first}",
+                    f"ms/step @{last}",
+                    f"@{last}/@{first}",
+                    f"recompute ms @{first}/@{last}",
                     "floor ms",
                 ],
                 rows,

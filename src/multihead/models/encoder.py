@@ -12,11 +12,13 @@ from .checkpoint import open_checkpoint, read_json
 from .distilbert import DISTILBERT
 from .fields import unsupported_architecture
 from .loading import Family, load_model
+from .mpnet import MPNET
 from .roberta import ROBERTA
 
 ENCODER_FAMILIES: dict[str, Family] = {
     "bert": BERT,
     "distilbert": DISTILBERT,
+    "mpnet": MPNET,
     "roberta": ROBERTA,
     "xlm-roberta": ROBERTA,
 }

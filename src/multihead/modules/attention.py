@@ -12,13 +12,14 @@ A forward is four steps, the same in every mode: project (and split heads), plac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from ..cache import CrossKVCache, KeySet, KVCache
+from ..functional.attention import dispatch
 from ..functional.call import check_dropout, check_flag, check_mask, default_scale, make_call
 from ..functional.masks import combine
 from ..functional.varlen import VarLen, varlen_dispatch
@@ -68,6 +69,8 @@ class MultiHeadAttention(nn.Module):
     """
 
     hook_points: tuple[str, ...] = ATTENTION_HOOK_POINTS
+    # Set by multihead.parallel.sequence_parallel: runs forward as ring attention over a group.
+    _sequence_parallel: Callable[..., Tensor] | None = None
 
     def __init__(
         self,
@@ -171,8 +174,12 @@ class MultiHeadAttention(nn.Module):
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
+        if self._sequence_parallel is not None:  # this rank holds a chunk of the sequence
+            return self._sequence_parallel(
+                self, query, key, value, mask=mask, key_mask=key_mask, causal=causal,
+                return_weights=return_weights, cache=cache, positions=positions, lengths=lengths,
+            )  # fmt: skip
         causal = self.causal if causal is None else check_flag("causal", causal)
-        check_flag("return_weights", return_weights)
         hooks = hooks_for(self)
         if lengths is not None:
             self._refuse_with_lengths(key, value, mask, key_mask, cache, positions, return_weights)
@@ -198,19 +205,21 @@ class MultiHeadAttention(nn.Module):
         B, H, Tq, _ = q.shape
         if mask is not None:  # the user's mask, checked (as every mask is) before it is combined
             mask = check_mask(mask, (B, H, Tq, keys.k.shape[2]), q.device)
-        key_mask_4d = None if keys.key_mask is None else keys.key_mask[:, None, None, :]
+        if keys.key_mask is not None or keys.mask is not None:
+            key_mask_4d = None if keys.key_mask is None else keys.key_mask[:, None, None, :]
+            mask = combine(mask, keys.mask, key_mask_4d)  # (B, Tk) -> (B, 1, 1, Tk)
         call = make_call(
             q,
             keys.k,
             keys.v,
-            mask=combine(mask, keys.mask, key_mask_4d),
-            bias=self._bias(Tq, keys),
+            mask=mask,
+            bias=None if self.position is None else self._bias(Tq, keys),
             causal=keys.causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
             qkv_checked=True,  # shaped here from checked inputs
         )
-        out, weights = attend(call, hooks)
+        out, weights = dispatch(call) if hooks is None else attend(call, hooks)
         y = self._output(out, hooks)
         if x.unbatched:
             y = y[0]
@@ -295,7 +304,8 @@ class MultiHeadAttention(nn.Module):
         if hooks is not None:
             q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
         self_cache = cast("KVCache | None", cache)  # a cross cache was served above
-        q, k = self._rotate(q, k, x, self_cache, positions, hooks)
+        if self.position is not None or positions is not None:
+            q, k = self._rotate(q, k, x, self_cache, positions, hooks)
         if self_cache is not None:
             if not x.self_attention:
                 raise ValueError(
@@ -344,8 +354,7 @@ class MultiHeadAttention(nn.Module):
 
     def _bias(self, tq: int, keys: KeySet) -> Tensor | None:
         """The position scheme's additive bias over (query slots, key slots), if it has one."""
-        if self.position is None:
-            return None
+        assert self.position is not None
         device = keys.k.device
         q_index = torch.arange(tq, device=device) + keys.first_slot
         return self.position.bias(q_index, torch.arange(keys.k.shape[2], device=device))

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .projections import _plain
+
 
 def _gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
@@ -106,7 +108,9 @@ class FeedForward(nn.Module):
         return self.fc2(self.dropout(h))
 
     def _plain_linears(self) -> bool:
-        return type(self.fc1) is nn.Linear and type(self.fc2) is nn.Linear
+        """Both layers are exactly F.linear on plain weights (no hooks, no DTensor shards), so
+        the chunked path may use their weights directly."""
+        return _plain(self.fc1) and _plain(self.fc2)
 
     def _forward_chunked(self, x: Tensor) -> Tensor:
         """Inference over CHUNK_ROWS rows at a time: the hidden-width intermediate stays in

@@ -1,7 +1,9 @@
-"""Positional information: rotary (RoPE), ALiBi and absolute embeddings."""
+"""Positional information: rotary (RoPE), ALiBi, relative position buckets and absolute
+embeddings."""
 
 from .absolute import LearnedPositions, SinusoidalPositions, sinusoidal_positions
 from .alibi import ALiBi, alibi_bias, alibi_slopes
+from .relative import RelativePositionBias, SharedPosition, relative_position_bucket
 from .rope import (
     RopeScaling,
     RotaryEmbedding,
@@ -19,8 +21,10 @@ __all__ = [
     "ALiBi",
     "LearnedPositions",
     "PositionScheme",
+    "RelativePositionBias",
     "RopeScaling",
     "RotaryEmbedding",
+    "SharedPosition",
     "SinusoidalPositions",
     "alibi_bias",
     "alibi_slopes",
@@ -28,6 +32,7 @@ __all__ = [
     "dynamic_ntk_frequencies",
     "linear_scaled_frequencies",
     "llama3_scaled_frequencies",
+    "relative_position_bucket",
     "rope_cos_sin",
     "rope_frequencies",
     "scaled_rope_frequencies",

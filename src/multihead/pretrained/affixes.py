@@ -14,22 +14,9 @@ every head's sink. The rule here (TransformerLens' `prepend_bos` default):
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
-
-
-def read_tokenizer(model_dir: Path) -> Tokenizer:
-    """tokenizer.json as it is (its own padding and truncation switched off)."""
-    path = model_dir / "tokenizer.json"
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as e:  # the Rust side raises its own exception type
-        raise ValueError(f"cannot read {str(path)!r} as a tokenizer: {e}") from None
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
 
 
 def special_affixes(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:

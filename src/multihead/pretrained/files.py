@@ -2,7 +2,8 @@
 
 A model is a directory with config.json, weights (model.safetensors, its shard index or
 pytorch_model.bin) and tokenizer.json, or a name that a Python package ships (nothing is
-downloaded at run time).
+downloaded at run time). In a sentence-transformers directory those files are the
+Transformer's, in the folder modules.json names (see `model_layout`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from ..model_layout import transformer_folder
 from ..models.checkpoint import WEIGHT_FILES
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -52,9 +54,13 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
             )
         if not path.is_dir():
             raise NotADirectoryError(f"model path {str(path)!r} is a file, not a directory")
-    missing = [n for n in ("config.json", "tokenizer.json") if not (path / n).is_file()]
-    if not any((path / n).is_file() for n in WEIGHT_FILES):
+    files = transformer_folder(path)
+    missing = [n for n in ("config.json", "tokenizer.json") if not (files / n).is_file()]
+    if not any((files / n).is_file() for n in WEIGHT_FILES):
         missing.append(f"{', '.join(WEIGHT_FILES[:-1])} or {WEIGHT_FILES[-1]}")
     if missing:
-        raise FileNotFoundError(f"model directory {str(path)!r} lacks {', '.join(missing)}")
+        where = (
+            "" if files == path else f" (its Transformer's folder {str(files.relative_to(path))!r})"
+        )
+        raise FileNotFoundError(f"model directory {str(path)!r}{where} lacks {', '.join(missing)}")
     return path

@@ -1,20 +1,23 @@
 """Sentence-transformers' settings in a model directory, read without sentence-transformers.
 
-modules.json lists the pipeline: Transformer, then Pooling (1_Pooling/config.json: mean, CLS,
-max) and an optional Normalize; any other module (Dense, LayerNorm, ...) would change the
-embedding and is refused by name. The maximum length comes from sentence_bert_config.json
-(max_seq_length), else tokenizer_config.json (model_max_length, where sentence-transformers 6
-writes it), capped at the model's position table; do_lower_case adds a Lowercase step. A
-default prompt (config_sentence_transformers.json) would be prepended to every text by
-sentence-transformers and is refused. Without modules.json: mean pooling, no normalisation.
+modules.json lists the pipeline: Transformer (its files at the top or, as sentence-transformers
+before v3 saved them, in a subfolder such as 0_Transformer/: see `model_layout`), then Pooling
+(1_Pooling/config.json: mean, CLS, max) and an optional Normalize; any other module (Dense,
+LayerNorm, ...) would change the embedding and is refused by name. The maximum length comes
+from sentence_bert_config.json's max_seq_length (or the first older name sentence-transformers
+reads, sentence_roberta_config.json, ...), else tokenizer_config.json (model_max_length, where
+sentence-transformers 6 writes it), capped at the model's position table; do_lower_case adds a
+Lowercase step. A default prompt (config_sentence_transformers.json) would be prepended to
+every text by sentence-transformers and is refused. Without modules.json: mean pooling, no
+normalisation.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..model_layout import module_entries, module_kind, transformer_folder
 from ..models.checkpoint import read_json
 from .pooling import POOLING_MODES
 
@@ -27,6 +30,11 @@ LEGACY_POOLING = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+# the Transformer's settings file, then the older names sentence-transformers still reads
+SETTINGS_FILES = tuple(
+    f"sentence_{name}_config.json"
+    for name in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
+)
 # modules that do nothing at inference
 HARMLESS_MODULES = ("Dropout",)
 
@@ -37,19 +45,6 @@ class SentenceSettings:
     pooling: tuple[str, ...]
     normalize: bool
     lowercase: bool
-
-
-def _module_entries(model_dir: Path) -> list[dict] | None:
-    path = model_dir / "modules.json"
-    if not path.is_file():
-        return None
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {str(path)!r} as JSON: {e}") from None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ValueError(f"{str(path)!r} must hold a list of modules")
-    return sorted(entries, key=lambda e: e.get("idx", 0))
 
 
 def _pooling_modes(config_path: Path, hidden_size: int) -> tuple[str, ...]:
@@ -81,12 +76,14 @@ def _positive(path: Path, key: str, value: object) -> int:
 
 
 def read_sentence_settings(model_dir: Path, hidden_size: int, max_length: int) -> SentenceSettings:
-    """The directory's settings; `max_length`: the longest sequence the model can take."""
+    """The directory's settings; `max_length`: the longest sequence the model can take.
+    sentence_bert_config.json and tokenizer_config.json are the Transformer's files, read from
+    its folder (see `model_layout.transformer_folder`)."""
     pooling: tuple[str, ...] = ("mean",)
     normalize = False
-    entries = _module_entries(model_dir)
+    entries = module_entries(model_dir)
     if entries is not None:
-        kinds = [str(e.get("type", "")).rsplit(".", 1)[-1] for e in entries]
+        kinds = [module_kind(e) for e in entries]
         other = [
             f"{e.get('type')} ({e.get('path')})"
             for e, kind in zip(entries, kinds, strict=True)
@@ -110,9 +107,12 @@ def read_sentence_settings(model_dir: Path, hidden_size: int, max_length: int) -
         normalize = "Normalize" in kinds
 
     limit, lowercase = max_length, False
-    st_path = model_dir / "sentence_bert_config.json"
+    files = transformer_folder(model_dir)
+    st_path = next(
+        (files / n for n in SETTINGS_FILES if (files / n).is_file()), files / SETTINGS_FILES[0]
+    )
     st = read_json(st_path) if st_path.is_file() else {}
-    tok_path = model_dir / "tokenizer_config.json"
+    tok_path = files / "tokenizer_config.json"
     if st.get("max_seq_length") is not None:
         limit = _positive(st_path, "max_seq_length", st["max_seq_length"])
     elif tok_path.is_file():

@@ -14,9 +14,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, normalizers
 
 
-def load_tokenizer(model_dir: Path, *, lowercase: bool = False) -> Tokenizer:
-    """`lowercase`: sentence-transformers' do_lower_case, a Lowercase step before the
-    tokenizer's own normaliser (as sentence-transformers adds it)."""
+def read_tokenizer(model_dir: Path) -> Tokenizer:
+    """tokenizer.json as it is, its own padding and truncation switched off."""
     path = model_dir / "tokenizer.json"
     try:
         tokenizer = Tokenizer.from_file(str(path))
@@ -24,6 +23,13 @@ def load_tokenizer(model_dir: Path, *, lowercase: bool = False) -> Tokenizer:
         raise ValueError(f"cannot read {str(path)!r} as a tokenizer: {e}") from None
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    return tokenizer
+
+
+def load_tokenizer(model_dir: Path, *, lowercase: bool = False) -> Tokenizer:
+    """`lowercase`: sentence-transformers' do_lower_case, a Lowercase step before the
+    tokenizer's own normaliser (as sentence-transformers adds it)."""
+    tokenizer = read_tokenizer(model_dir)
     if lowercase and not _lowercases(tokenizer.normalizer):
         steps = [normalizers.Lowercase()]
         if tokenizer.normalizer is not None:

@@ -14,8 +14,8 @@ from ..call import AttentionCall
 def causal_block(q_start: int, q_stop: int, tq: int, tk: int, device) -> Tensor:
     """(q_stop - q_start, tk) rows of the bottom-right causal mask of a (tq, tk) call: query i
     sees keys 0 .. i + tk - tq."""
-    rows = torch.arange(q_start, q_stop, device=device)[:, None] + (tk - tq)
-    return torch.arange(tk, device=device)[None, :] <= rows
+    ones = torch.ones(q_stop - q_start, tk, dtype=torch.bool, device=device)
+    return ones.tril(q_start + tk - tq)  # row r (query q_start + r) keeps keys <= that diagonal
 
 
 def allowed_mask(call: AttentionCall) -> Tensor | None:

@@ -50,7 +50,7 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     if mask is None and bias is None and (not causal or tq == tk):
         # No row can be empty, and top-left/bottom-right causality coincide: the kernel does all.
         return _plain(call, causal), None
-    if causal and (mask is not None or bias is not None):
+    if causal and tq * tk * q.shape[0] > CHUNK_ELEMENTS:  # (mask or bias is set here)
         rows = _chunk_rows(call)
         if rows < tq:
             return _chunked(call, rows), None

@@ -6,7 +6,7 @@ packed input: input_ids (N,) -> (N, C).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -16,6 +16,7 @@ from ...functional.masks import from_hf_padding
 from ...functional.varlen import VarLen
 from ...hook_points import hooks_for
 from ...modules import TransformerBlock
+from ...positional.scheme import PositionScheme
 from .config import BertConfig
 
 
@@ -130,7 +131,16 @@ class BertEncoder(nn.Module):
 
     hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks", "embeddings": ""}
 
-    def __init__(self, config: BertConfig, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        config: BertConfig,
+        device=None,
+        dtype=None,
+        *,
+        position: Callable[[], PositionScheme | None] | None = None,
+    ) -> None:
+        """`position` makes each layer's position scheme inside attention (MPNet: a view of
+        one shared relative-bias table); BERT itself has none."""
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config, device=device, dtype=dtype)
@@ -144,6 +154,7 @@ class BertEncoder(nn.Module):
                 activation=config.hidden_act,
                 dropout=config.hidden_dropout_prob,
                 attn_dropout=config.attention_probs_dropout_prob,
+                position=None if position is None else position(),
                 device=device,
                 dtype=dtype,
             )

@@ -1,0 +1,97 @@
+"""`multihead bench decode --model DIR`: the directory is checked before anything is loaded
+(a decoder model_type, weights readable, shards present, prompt + new within its positions),
+then benchmarked; the table's columns name the positions actually timed."""
+
+import json
+
+import pytest
+
+from multihead.cli import main
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    import torch
+    import transformers
+
+    from helpers_encoders import save_encoder
+
+    root = tmp_path_factory.mktemp("decoders")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=60, n_embd=24, n_layer=2, n_head=3, n_positions=32)
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.save_pretrained(root / "gpt2")  # no tokenizer: the prompts are random ids
+    model.save_pretrained(root / "sharded", max_shard_size="20KB")
+    save_encoder(root / "mpnet", "mpnet")
+    return root
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """bench.decode.run replaced by a recorder: what the command would have benchmarked."""
+    calls = []
+    monkeypatch.setattr(
+        "multihead.bench.decode.run", lambda **kwargs: calls.append(kwargs) or "table"
+    )
+    return calls
+
+
+def fails(capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("multihead: error: "), err
+    assert fragment in err[0]
+
+
+def test_the_directory_is_checked_first(models, tmp_path, capsys, recorded):
+    bench = ["bench", "decode", "--model"]
+    fails(capsys, [*bench, str(models / "mpnet")], "reads decoders (model_type 'gpt2', 'llama'")
+    fails(capsys, [*bench, str(models / "mpnet")], "config.json says model_type 'mpnet'")
+    fails(
+        capsys,
+        [*bench, str(models / "gpt2"), "--prompt", "30", "--new", "3"],
+        "--prompt + --new is 33, more than the model's 32 positions",
+    )
+    fails(capsys, [*bench, str(tmp_path / "none")], "no such directory")
+    (tmp_path / "empty").mkdir()
+    fails(capsys, [*bench, str(tmp_path / "empty")], "lacks config.json, model.safetensors")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((models / "sharded" / "config.json").read_text())
+    index = json.loads((models / "sharded" / "model.safetensors.index.json").read_text())
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    fails(capsys, [*bench, str(broken)], "model.safetensors.index.json names shards that are")
+    assert recorded == []  # nothing ran
+
+
+def test_a_checkpoint_directory_is_benchmarked(models, capsys, recorded):
+    for name in ("gpt2", "sharded"):
+        argv = ["bench", "decode", "--model", str(models / name), "--batches", "1"]
+        assert main([*argv, "--prompt", "5", "--new", "3", "--repeats", "1"]) == 0
+        assert recorded[-1] == dict(
+            batches=[1], prompt_len=5, new=3, repeats=1, model_dir=str(models / name)
+        )
+    assert main(["bench", "decode", "--new", "4"]) == 0  # the default: random GPT-2 weights
+    assert recorded[-1]["model_dir"] is None
+
+
+def test_columns_name_the_positions_timed(models, monkeypatch, capsys):
+    from multihead.bench import decode
+
+    monkeypatch.setattr(decode, "read_bandwidth", lambda: 1e10)  # not what this test is about
+    text = decode.run(batches=[1], prompt_len=5, new=3, repeats=1, model_dir=str(models / "gpt2"))
+    header = text.splitlines()[3]
+    for label in ("ms/step @5", "ms/step @8", "@8/@5", "recompute ms @5/@8"):
+        assert label in header
+    assert "128" not in header and "384" not in header
+    assert "the cached step at position 8" in text
+    assert str(models / "gpt2") in text.splitlines()[0]
+
+
+def test_the_cli_knows_every_decoder_type_the_loader_reads():
+    from multihead.cli.model_dir import CAUSAL_LM_TYPES
+    from multihead.models import CAUSAL_LM_FAMILIES
+
+    assert set(CAUSAL_LM_TYPES) == set(CAUSAL_LM_FAMILIES)
