@@ -2,6 +2,7 @@
 output projection that rewrites one head's slice of its input (zeros, or that slice's mean
 recorded over the held-out set)."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -59,7 +60,16 @@ def head_mean(m, held_out, layer, head):
     return z[:, head * D : (head + 1) * D].mean(0)
 
 
-def test_ablation_table_matches_rewriting_the_projection_input():
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread (a second one's spin-waits are slow on a loaded machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_ablation_table_matches_rewriting_the_projection_input(one_thread):
     m, held_out = model_and_data()
     state = {k: v.clone() for k, v in m.state_dict().items()}
     base = repeated_copy_loss(m, held_out)

@@ -18,6 +18,16 @@ pytest.importorskip("matplotlib")
 SHORT = ["--steps", "12", "--eval-every", "4", "--no-progress", "--threads", "1"]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Train in-process on one thread, as the command does: tiny matrices, and a second
+    thread's spin-waits make steps many times slower when other jobs load the machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def run_cli(args, capsys):
     code = main(args)
     out = capsys.readouterr()
