@@ -92,6 +92,13 @@ def test_induction_summary_for_each_position(position):
     check_induction_summary(induction_summary(train_induction(config)), config)
 
 
+def test_training_leaves_the_global_rng_alone():
+    state = torch.get_rng_state()
+    train_induction(InductionConfig(**SMALL))
+    train_reverse(ReverseConfig(steps=2, eval_every=2, held_out=8))
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_same_seed_same_summary():
     def summary(seed):
         s = induction_summary(train_induction(InductionConfig(seed=seed, **SMALL)))

@@ -125,9 +125,11 @@ def train_induction(
 ) -> InductionRun:
     """Train and measure. `progress(total)` may return a tqdm-like bar (update, set_postfix)."""
     start = time.perf_counter()
-    torch.manual_seed(config.seed)
     task = config.task()
-    model = init_weights(CausalLM(config.model_config(), init=False), std=config.init_std)
+    # The seed drives the initial weights without touching the caller's global RNG state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = init_weights(CausalLM(config.model_config(), init=False), std=config.init_std)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     data = torch.Generator().manual_seed(config.seed)
     held_out = HeldOut.make(

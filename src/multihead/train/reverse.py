@@ -141,12 +141,14 @@ def train_reverse(
     config: ReverseConfig, *, progress: Callable[[int], object] | None = None
 ) -> ReverseRun:
     start = time.perf_counter()
-    torch.manual_seed(config.seed)
     task = config.task()
-    model = init_weights(
-        EncoderDecoder(config.vocab_size, config.stack(), config.stack(), init=False),
-        std=config.init_std,
-    )
+    # The seed drives the initial weights without touching the caller's global RNG state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = init_weights(
+            EncoderDecoder(config.vocab_size, config.stack(), config.stack(), init=False),
+            std=config.init_std,
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     data = torch.Generator().manual_seed(config.seed)
     held_out = reverse_batch(
