@@ -17,6 +17,7 @@ from ..functional.varlen import VarLen
 from ..hook_points import hooks_for
 from ..modules import TransformerBlock
 from ..modules.feedforward import ACTIVATIONS
+from ..value_checks import check_token_ids
 from .keymap import Rule, convert_state_dict, pair
 
 
@@ -165,6 +166,7 @@ class BertEncoder(nn.Module):
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
             raise ValueError(f"input_ids must have shape (B, T), got {got}")
+        self._check_ids(input_ids, token_type_ids)
         key_mask = None
         if attention_mask is not None:
             if attention_mask.shape != input_ids.shape:
@@ -182,6 +184,13 @@ class BertEncoder(nn.Module):
             else:
                 x = layer(x, key_mask=key_mask)
         return EncoderOutput(x, tuple(weights) if return_weights else None)
+
+    def _check_ids(self, input_ids: Tensor, token_type_ids: Tensor | None) -> None:
+        """Integer ids (always) inside the vocabularies (where values are free to read: eager
+        mode, CPU tensors; see `multihead.value_checks`)."""
+        check_token_ids("input_ids", input_ids, self.config.vocab_size)
+        if token_type_ids is not None:
+            check_token_ids("token_type_ids", token_type_ids, self.config.type_vocab_size)
 
     def _forward_varlen(
         self,
@@ -205,6 +214,7 @@ class BertEncoder(nn.Module):
                 f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "
                 f"{tuple(input_ids.shape)}"
             )
+        self._check_ids(input_ids, token_type_ids)
         x = self.embeddings(input_ids, token_type_ids, packed)
         for layer in self.layers:
             x = layer(x, lengths=packed)
