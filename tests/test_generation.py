@@ -55,7 +55,7 @@ AOT = {"backend": "aot_eager"}
 
 
 @pytest.mark.parametrize(
-    "position,kv,options", [("learned", None, AOT), ("rope", 2, QUICK), ("alibi", 1, QUICK)]
+    "position,kv,options", [("learned", None, QUICK), ("rope", 2, AOT), ("alibi", 1, QUICK)]
 )
 def test_compiled_generation_equals_eager_and_compiles_once(position, kv, options):
     m = lm(position, layers=1, kv=kv)
@@ -119,7 +119,7 @@ def test_generation_leaves_the_model_as_it_was_and_trainable(batch, new):
     ids = torch.randint(0, V, (batch, 6))
     m.generate(ids, new)
     if batch == 1 and new == 20:
-        m.generate(ids, new, compile=AOT)
+        m.generate(ids, new, compile=QUICK)
     assert dict(m.named_parameters()) == params  # the same objects
     for k, v in m.state_dict().items():
         value, stride, ptr = before[k]
