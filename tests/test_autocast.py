@@ -4,11 +4,12 @@ work and match the full-precision results within bf16 tolerance."""
 import pytest
 import torch
 
-from conftest import TOLERANCES
 from multihead import MultiHeadAttention
 from multihead.interpret import capture, run_with_cache
 from multihead.modules import CausalLM, LMConfig
 from multihead.positional import RotaryEmbedding
+
+from conftest import TOLERANCES
 
 BF16 = TOLERANCES[torch.bfloat16]
 B, T, C, H = 2, 7, 24, 6
