@@ -59,7 +59,8 @@ def test_capture_and_hooks_match_full_precision():
     assert records16.names() == records.names() and len(records) == 2
     for r16, r in zip(records16, records, strict=True):
         torch.testing.assert_close(r16.weights.float(), r.weights, **BF16)
-    for name in cache.keys():
+    assert len(cache) == 2
+    for name in cache:
         torch.testing.assert_close(cache16[name].float(), cache[name], **BF16)
 
 
