@@ -7,6 +7,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from multihead.modules import CausalLM, LMConfig
+from multihead.modules.generation import head_copy_for
 
 V = 61
 
@@ -109,16 +110,18 @@ def test_eos_read_in_batches_gives_the_same_tokens(every):
     assert torch.equal(torch.stack(streamed, 1), out[:, 5:])
 
 
-@pytest.mark.parametrize("batch,new", [(1, 20), (3, 20), (1, 3)])
+@pytest.mark.parametrize("batch,new", [(1, 40), (3, 20), (1, 3)])
 def test_generation_leaves_the_model_as_it_was_and_trainable(batch, new):
-    """Batch 1 with many new tokens reads a re-laid-out copy of the head; nothing is written to
-    the model: same parameters (objects, values, memory layout), still trainable."""
+    """Batch 1 with many new tokens reads a re-laid-out copy of the head (checked below);
+    nothing is written to the model: same parameters (objects, values, memory layout), still
+    trainable."""
+    assert (head_copy_for(lm(), batch, new) is not None) == (batch == 1 and new == 40)
     m = lm(tie=True)
     params = dict(m.named_parameters())
     before = {k: (v.detach().clone(), v.stride(), v.data_ptr()) for k, v in m.state_dict().items()}
     ids = torch.randint(0, V, (batch, 6))
     m.generate(ids, new)
-    if batch == 1 and new == 20:
+    if batch == 1 and new == 40:
         m.generate(ids, new, compile=QUICK)
     assert dict(m.named_parameters()) == params  # the same objects
     for k, v in m.state_dict().items():

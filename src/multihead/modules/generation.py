@@ -35,9 +35,11 @@ if TYPE_CHECKING:
     Caches = Sequence[KVCache | StaticKVCache]
 
 # Below this many new tokens, a re-laid-out copy of the head costs more than it saves.
-MIN_STEPS_FOR_HEAD_COPY = 16
+MIN_STEPS_FOR_HEAD_COPY = 32
 # Static caches are sized up to a multiple of this, so calls of similar lengths share shapes.
 STATIC_CACHE_BUCKET = 64
+# at::internal::GRAIN_SIZE: eager CPU ops run single-threaded below this many elements.
+ATEN_GRAIN_SIZE = 32768
 
 
 def head_logits(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -103,16 +105,30 @@ def _decode(
     return _logits(model, h[:, -1], head)
 
 
-def _compiled(options: bool | dict[str, Any], device: torch.device) -> tuple[Callable, Callable]:
-    """The prefill (dynamic prompt length) and decode step (static shapes; a CUDA graph on
-    CUDA) under torch.compile; `options` (a dict) overrides torch.compile's arguments."""
+def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bool) -> dict:
+    """torch.compile's arguments for the prefill (`step=False`: dynamic prompt length) or the
+    decode step (static shapes, except the cache length if a later call has another one).
+
+    With inductor (the default): on CUDA the step runs as a CUDA graph ("reduce-overhead");
+    on CPU, generated kernels split work over threads only past aten's grain size (32768
+    elements), as eager ops do: decoding runs on (B, 1, C) activations, and inductor's default
+    (512 per thread) puts a fork/join around every small kernel, which cost 1.3-1.8x per step
+    on this 2-core machine while it was busy. `options` (a dict) overrides these arguments."""
     extra = {} if options is True else dict(options)  # type: ignore[arg-type]
-    # dynamic=None: static shapes, except the cache length if a later call has another one
-    decode_args: dict[str, Any] = {"fullgraph": True, "dynamic": None}
-    if device.type == "cuda" and not {"backend", "mode", "options"} & set(extra):
-        decode_args["mode"] = "reduce-overhead"
-    prefill = torch.compile(_prefill, **{"fullgraph": True, "dynamic": True, **extra})
-    decode = torch.compile(_decode, **{**decode_args, **extra})
+    args: dict[str, Any] = {"fullgraph": True, "dynamic": None if step else True}
+    default_backend = extra.get("backend", "inductor") == "inductor"
+    if default_backend and "mode" not in extra and "options" not in extra:
+        if device.type == "cuda" and step:
+            args["mode"] = "reduce-overhead"
+        elif device.type == "cpu":
+            args["options"] = {"cpp.min_chunk_size": ATEN_GRAIN_SIZE}
+    return {**args, **extra}
+
+
+def _compiled(options: bool | dict[str, Any], device: torch.device) -> tuple[Callable, Callable]:
+    """The prefill and the decode step under torch.compile (see `_compile_args`)."""
+    prefill = torch.compile(_prefill, **_compile_args(options, device, step=False))
+    decode = torch.compile(_decode, **_compile_args(options, device, step=True))
     return prefill, decode
 
 
