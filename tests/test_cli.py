@@ -107,13 +107,21 @@ def test_bench_attention_uses_the_repeats_its_help_states(monkeypatch, capsys):
     from multihead.cli import bench_attention
 
     seen = []
-    monkeypatch.setattr(attention, "main", lambda quick, repeats: seen.append(repeats) or "table")
+
+    def fake_main(quick, repeats, device, dtype):
+        seen.append((repeats, device, dtype))
+        return "table"
+
+    monkeypatch.setattr(attention, "main", fake_main)
     with pytest.raises(SystemExit):
         main(["bench", "attention", "--help"])
     assert f"default {bench_attention.REPEATS};" in capsys.readouterr().out
     assert main(["bench", "attention"]) == 0
-    assert main(["bench", "attention", "--quick"]) == 0
-    assert seen == [bench_attention.REPEATS, bench_attention.QUICK_REPEATS]
+    assert main(["bench", "attention", "--quick", "--dtype", "bf16"]) == 0
+    assert seen == [
+        (bench_attention.REPEATS, "cpu", "fp32"),
+        (bench_attention.QUICK_REPEATS, "cpu", "bf16"),
+    ]
 
 
 def test_bad_numbers_are_rejected(capsys):

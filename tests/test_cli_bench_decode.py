@@ -71,18 +71,39 @@ def test_a_checkpoint_directory_is_benchmarked(models, capsys, recorded):
         argv = ["bench", "decode", "--model", str(models / name), "--batches", "1"]
         assert main([*argv, "--prompt", "5", "--new", "3", "--repeats", "1"]) == 0
         assert recorded[-1] == dict(
-            batches=[1], prompt_len=5, new=3, repeats=1, model_dir=str(models / name)
+            batches=[1],
+            prompt_len=5,
+            new=3,
+            repeats=1,
+            model_dir=str(models / name),
+            device="cpu",
+            dtype="fp32",
+            compile=True,
+            hf_static=True,
+            hf_compile=None,
         )
     assert main(["bench", "decode", "--new", "4"]) == 0  # the default: random GPT-2 weights
     assert recorded[-1]["model_dir"] is None
+    flags = ["--no-compile", "--no-hf-static", "--hf-compile", "--dtype", "bf16"]
+    assert main(["bench", "decode", "--new", "4", *flags]) == 0
+    assert {k: recorded[-1][k] for k in ("compile", "hf_static", "hf_compile", "dtype")} == dict(
+        compile=False, hf_static=False, hf_compile=True, dtype="bf16"
+    )
 
 
 def test_columns_name_the_positions_timed(models, monkeypatch, capsys):
     from multihead.bench import decode
 
-    monkeypatch.setattr(decode, "read_bandwidth", lambda: 1e10)  # not what this test is about
-    text = decode.run(batches=[1], prompt_len=5, new=3, repeats=1, model_dir=str(models / "gpt2"))
-    header = text.splitlines()[3]
+    monkeypatch.setattr(decode, "read_bandwidth", lambda device: 1e10)  # not this test's concern
+    text = decode.run(
+        batches=[1],
+        prompt_len=5,
+        new=3,
+        repeats=1,
+        model_dir=str(models / "gpt2"),
+        compile=False,  # compiling takes a minute; tests/test_generation_inductor.py runs it
+    )
+    header = next(line for line in text.splitlines() if line.startswith("batch "))
     for label in ("ms/step @5", "ms/step @8", "@8/@5", "recompute ms @5/@8"):
         assert label in header
     assert "128" not in header and "384" not in header

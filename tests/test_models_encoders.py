@@ -196,7 +196,8 @@ def test_token_ids_are_checked(saved, model_type):
     vocab = enc.model.config.vocab_size
     ids = torch.full((2, 5), 7)
     with pytest.raises(
-        TypeError, match=r"input_ids must hold integer token ids, got dtype torch\.float32"
+        TypeError,
+        match=r"input_ids must be an integer tensor \(torch.long\), got dtype torch\.float32",
     ):
         enc(ids.float())
     with pytest.raises(

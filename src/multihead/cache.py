@@ -4,6 +4,8 @@ KVCache (self-attention): appends each call's keys/values (B, Hkv, T, D) and han
 to attend over, with a key mask (B, Tk) that remembers padding. `max_length` preallocates
 (static: no reallocation per token); `window` keeps only the last W keys (sliding window).
 CrossKVCache: keys/values of an encoder output, computed at the first call and reused.
+StaticKVCache (`multihead.static_cache`): fixed shapes, written at index tensors, for compiled
+decoding and CUDA graphs.
 
 The attention module talks to a cache through two methods (a protocol; any object with them
 works): `next_positions(T, device)` (RoPE positions of the next T tokens) and `keys_for(...)`
@@ -29,7 +31,9 @@ class KeySet(NamedTuple):
     key is padding; `mask` an extra boolean mask broadcastable to (B, H, Tq, Tk) (sliding
     window) or None; `causal` whether bottom-right causality applies; `first_slot` the slot of
     the first query along the keys (queries sit at first_slot .. first_slot + Tq - 1), which
-    index-based position biases (ALiBi) need.
+    index-based position biases (ALiBi) need: an int, or a 0-d tensor (a static cache, whose
+    count lives on the device); `key_slots` (Tk,) the slot of each key when the keys are not
+    in order 0 .. Tk - 1 (a ring buffer), else None.
     """
 
     k: Tensor
@@ -37,7 +41,8 @@ class KeySet(NamedTuple):
     key_mask: Tensor | None
     mask: Tensor | None
     causal: bool
-    first_slot: int
+    first_slot: int | Tensor
+    key_slots: Tensor | None = None
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
@@ -102,7 +107,7 @@ class KVCache(_OneModule):
         may serve another module."""
         self.length = 0  # tokens seen so far: the position of the next token
         self._stored = 0
-        self._padded = False  # has any key been padding? If not, no mask is handed out
+        self._padded = False  # has any call passed a key mask? If not, no mask is handed out
         self._owner = None
         if self.max_length is None:
             self._k: Tensor | None = None
@@ -143,8 +148,8 @@ class KVCache(_OneModule):
         self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Append k (B, Hkv, T, D), v and their key mask (B, T); return all keys, values and the
-        key mask to attend over (the window's, when one is set; None while no key was padding,
-        so the fused kernel runs without a mask)."""
+        key mask to attend over (the window's, when one is set; None until a call passes a key
+        mask, so the fused kernel runs without a mask)."""
         self._check(k, v, key_mask)
         T = k.shape[2]
         new_mask = (
@@ -152,10 +157,9 @@ class KVCache(_OneModule):
             if key_mask is None
             else key_mask.to(torch.bool)
         )
-        if key_mask is not None and not self._padded:
-            # Eager bookkeeping read once per padded call (a host sync): while no key was
-            # padding, calls run unmasked on the fused kernel.
-            self._padded = not bool(new_mask.all())
+        # Decided from the call's structure, never from mask values (no host sync, traceable):
+        # until a call passes a key mask, calls run unmasked on the fused kernel.
+        self._padded = self._padded or key_mask is not None
         if self.max_length is None:
             self._append_dynamic(k, v, new_mask)
         else:
@@ -226,7 +230,6 @@ class KVCache(_OneModule):
             raise ValueError("reorder() needs a cache that holds keys")
         self._k, self._v, self._mask = self._k[rows], self._v[rows], self._mask[rows]
         self.batch_size = self._k.shape[0]
-        self._padded = not bool(self._mask[:, : self._stored].all())
 
 
 class CrossKVCache(_OneModule):

@@ -19,7 +19,14 @@ from .. import compat
 from ..functional import explain
 from ..modules import MultiHeadAttention
 from ..table import format_table
-from .timing import environment, matmul_gflops, measure
+from .timing import (
+    dtype_name,
+    environment,
+    matmul_gflops,
+    measure,
+    resolve_device,
+    resolve_dtype,
+)
 
 DEFAULT_SHAPES = [(8, 512, 512, 8), (1, 4096, 512, 8), (64, 32, 384, 12), (1, 16, 256, 4)]
 QUICK_SHAPES = [(2, 64, 128, 4), (1, 16, 256, 4)]
@@ -60,9 +67,18 @@ class Floor(nn.Module):
         return F.linear(o.transpose(1, 2).reshape(B, T, E), self.wo, self.bo)
 
 
-def contenders(B: int, T: int, E: int, H: int, train: bool) -> dict[str, Callable[[], object]]:
-    """Every contender on identical weights and input; torch and the drop-in get
-    `need_weights=False`, as TransformerEncoderLayer passes."""
+def contenders(
+    B: int,
+    T: int,
+    E: int,
+    H: int,
+    train: bool,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Callable[[], object]]:
+    """Every contender on identical weights and input (on `device`, in `dtype`); torch and the
+    drop-in get `need_weights=False`, as TransformerEncoderLayer passes."""
     torch.manual_seed(0)
     ours = MultiHeadAttention(E, H)
     theirs = nn.MultiheadAttention(E, H, batch_first=True)
@@ -78,7 +94,8 @@ def contenders(B: int, T: int, E: int, H: int, train: bool) -> dict[str, Callabl
     floor = Floor(ours)
     for m in (ours, theirs, drop_in, theirs_seq, drop_in_seq, floor):
         m.train(train)
-    x = torch.randn(B, T, E)
+        m.to(device=device, dtype=dtype)
+    x = torch.randn(B, T, E, device=device, dtype=dtype)
     x_seq = x.transpose(0, 1).contiguous()
 
     def run(module_call: Callable[[], torch.Tensor]) -> Callable[[], object]:
@@ -116,20 +133,29 @@ def run_suite(
     repeats: int = 7,
     modes: tuple[str, ...] = ("eval", "train"),
     progress: Callable[[str], None] | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> list[Row]:
     rows = []
     for shape in shapes:
         for mode in modes:
             if progress:
                 progress(f"{mode} B,T,E,H={shape}")
-            seconds = measure(contenders(*shape, train=mode == "train"), repeats=repeats)
+            fns = contenders(*shape, train=mode == "train", device=device, dtype=dtype)
+            seconds = measure(fns, repeats=repeats, device=device)
             B, T, E, _ = shape
             flops = mha_flops(B, T, E) * (3 if mode == "train" else 1)
             rows.append(Row(shape, mode, seconds, flops / seconds["mh"] / 1e9))
     return rows
 
 
-def report(rows: list[Row], matmul: float) -> str:
+def report(
+    rows: list[Row],
+    matmul: float,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> str:
     names = list(rows[0].seconds)
     headers = ["B,T,E,H", "mode", *(f"{n} ms" for n in names)]
     headers += [f"{a}/{b}" for a, b in RATIOS] + ["GFLOP/s"]
@@ -140,14 +166,15 @@ def report(rows: list[Row], matmul: float) -> str:
         cells += [f"{r.ratio(a, b):.2f}x" for a, b in RATIOS]
         cells.append(f"{r.gflops:.1f}")
         body.append(cells)
-    env = environment()
+    env = environment(device)
     B, T, E, H = rows[0].shape
-    x = torch.randn(B, H, T, E // H)
+    x = torch.randn(B, H, T, E // H, device=device, dtype=dtype)
+    name = dtype_name(dtype)
     lines = [
-        "multihead bench attention: medians of interleaved runs, fp32; "
+        f"multihead bench attention: medians of interleaved runs, {name}; "
         + ", ".join(f"{k} {v}" for k, v in env.items()),
         f"backend chosen by multihead: {explain(x, x, x).chosen}; "
-        f"machine matmul: {matmul:.1f} GFLOP/s (1024^3 fp32); GFLOP/s column: mh",
+        f"machine matmul: {matmul:.1f} GFLOP/s (1024^3 {name}); GFLOP/s column: mh",
         "mh = multihead.MultiHeadAttention; floor = fused linear + SDPA + linear inline;",
         "torch = torch.nn.MultiheadAttention(batch_first=True); drop-in = multihead.compat's;",
         "TBE = both in torch's default (T, B, E) layout; torch and drop-in get need_weights=False.",
@@ -158,12 +185,23 @@ def report(rows: list[Row], matmul: float) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool = False, repeats: int | None = None) -> str:
+def main(
+    quick: bool = False,
+    repeats: int | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "fp32",
+) -> str:
+    """The table. `device`: "cpu" or "cuda" (timed with CUDA events); `dtype`: "fp32",
+    "bf16" or "fp16" (weights and inputs)."""
+    dev, dt = resolve_device(device), resolve_dtype(dtype)
     shapes = QUICK_SHAPES if quick else DEFAULT_SHAPES
     reps = repeats or (3 if quick else 7)
     rows = run_suite(
         shapes,
         repeats=reps,
         progress=lambda s: print(f"  measuring {s}", file=sys.stderr, flush=True),
+        device=dev,
+        dtype=dt,
     )
-    return report(rows, matmul_gflops())
+    return report(rows, matmul_gflops(device=dev, dtype=dt), device=dev, dtype=dt)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..table import format_table
 from .corpus import stdlib_sentences
-from .timing import environment, measure_rounds
+from .timing import dtype_name, environment, measure_rounds, resolve_device, resolve_dtype
 
 
 def run(
@@ -24,7 +24,11 @@ def run(
     n: int = 2000,
     batch_size: int = 32,
     repeats: int = 3,
+    device: str = "cpu",
+    dtype: str = "fp32",
 ) -> str:
+    """The table. `device`: "cpu" or "cuda" (timed with synchronisation); `dtype`: "fp32",
+    "bf16" or "fp16" (both encoders' weights)."""
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
@@ -34,8 +38,9 @@ def run(
         ) from None
     from ..pretrained import load_encoder
 
-    ours = load_encoder(model)
-    theirs = SentenceTransformer(str(Path(ours.source or model)), device="cpu")
+    dev, dt = resolve_device(device), resolve_dtype(dtype)
+    ours = load_encoder(model).to(device=dev, dtype=dt)
+    theirs = SentenceTransformer(str(Path(ours.source or model)), device=str(dev)).to(dt)
     corpus = stdlib_sentences(n)
     lengths = [len(x) for x in ours.tokenize(corpus)]
 
@@ -52,6 +57,7 @@ def run(
         repeats=repeats,
         warmup=0,
         min_time=0.0,
+        device=dev,
     )
     seconds = {name: statistics.median(s) for name, s in rounds.items()}
     rows = [[name, f"{s:.2f}", f"{n / s:.1f}"] for name, s in seconds.items()]
@@ -60,10 +66,10 @@ def run(
         theirs / ours
         for ours, theirs in zip(rounds["multihead"], rounds["sentence-transformers"], strict=True)
     ]
-    env = environment()
+    env = environment(dev)
     return "\n".join(
         [
-            "multihead bench embed: medians of interleaved runs; "
+            f"multihead bench embed: medians of interleaved runs, {dtype_name(dt)}; "
             + ", ".join(f"{k} {v}" for k, v in env.items()),
             f"model {model}; corpus: {n} standard-library docstring sentences, "
             f"{sum(lengths)} tokens (mean {np.mean(lengths):.1f}, max {max(lengths)}); "

@@ -1,7 +1,9 @@
 """Side-by-side timing: contenders run round-robin in one process; we report medians.
 
 These machines are noisy, so absolute times mean little; ratios between contenders measured
-interleaved in the same run are what a benchmark should claim.
+interleaved in the same run are what a benchmark should claim. On CUDA, time is read from CUDA
+events around the calls, with synchronisation (kernels run asynchronously: the wall clock
+would see only their launches).
 """
 
 from __future__ import annotations
@@ -15,12 +17,69 @@ from collections.abc import Callable
 
 import torch
 
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 
-def _calls_per_sample(fn: Callable[[], object], min_time: float) -> int:
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """ "fp32" / "bf16" / "fp16" (or a torch.dtype) -> the dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of fp32, bf16, fp16, got {name!r}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+        dtype, str(dtype)
+    )
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """ "cpu", "cuda", "cuda:1" -> the device; refuses a CUDA device this machine lacks."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: CUDA is not available on this machine")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {name!r}")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Seconds per call of `calls` back-to-back calls: wall time on CPU; on CUDA, CUDA events
+    around the calls, after a synchronisation (queued work from before is not counted) and
+    read after the end event completes (all of it is)."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+    torch.cuda.synchronize(device)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / calls
+
+
+def _calls_per_sample(fn: Callable[[], object], min_time: float, device: torch.device) -> int:
     """How many calls make one sample last at least `min_time` seconds (small shapes loop)."""
-    start = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - start, 1e-7)
+    once = max(timed(fn, 1, device), 1e-7)
     return max(1, int(min_time / once))
 
 
@@ -30,9 +89,12 @@ def measure(
     repeats: int = 7,
     warmup: int = 2,
     min_time: float = 0.02,
+    device: torch.device | str = "cpu",
 ) -> dict[str, float]:
     """Median seconds per call of each contender, sampled round-robin `repeats` times."""
-    samples = measure_rounds(contenders, repeats=repeats, warmup=warmup, min_time=min_time)
+    samples = measure_rounds(
+        contenders, repeats=repeats, warmup=warmup, min_time=min_time, device=device
+    )
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -42,13 +104,16 @@ def measure_rounds(
     repeats: int = 7,
     warmup: int = 2,
     min_time: float = 0.02,
+    device: torch.device | str = "cpu",
 ) -> dict[str, list[float]]:
     """Seconds per call of each contender in each of `repeats` rounds (every contender runs
-    once per round, in a random order)."""
+    once per round, in a random order). On CUDA, timed with CUDA events (see `timed`)."""
+    device = torch.device(device)
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
-    loops = {name: _calls_per_sample(fn, min_time) for name, fn in contenders.items()}
+    synchronize(device)
+    loops = {name: _calls_per_sample(fn, min_time, device) for name, fn in contenders.items()}
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     order_rng = random.Random(0)
@@ -59,27 +124,37 @@ def measure_rounds(
         order = names[:]
         order_rng.shuffle(order)
         for name in order:
-            fn, n = contenders[name], loops[name]
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            samples[name].append((time.perf_counter() - start) / n)
+            samples[name].append(timed(contenders[name], loops[name], device))
     return samples
 
 
-def matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
-    """This machine's fp32 matmul throughput on an n x n x n product, GFLOP/s."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    seconds = measure({"mm": lambda: torch.mm(a, b)}, repeats=repeats)["mm"]
+def matmul_gflops(
+    n: int = 1024,
+    repeats: int = 5,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> float:
+    """This machine's matmul throughput on an n x n x n product, GFLOP/s."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    seconds = measure({"mm": lambda: torch.mm(a, b)}, repeats=repeats, device=device)["mm"]
     return 2 * n**3 / seconds / 1e9
 
 
-def environment() -> dict[str, str]:
-    return {
+def environment(device: torch.device | str = "cpu") -> dict[str, str]:
+    device = torch.device(device)
+    env = {
         "torch": torch.__version__,
         "threads": str(torch.get_num_threads()),
-        "device": "cpu",
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = str(torch.version.cuda)
+    env |= {
         "cpu": platform.processor() or platform.machine(),
         "cores": str(os.cpu_count()),
         "python": platform.python_version(),
     }
+    return env

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from .bench import add_common, apply_common
+from .bench import add_common, add_device, apply_common, check_device
 from .parsing import positive_int
 
 NAME = "attention"
@@ -23,15 +23,17 @@ def add_arguments(parser) -> None:
         type=positive_int,
         help=f"samples per contender (default {REPEATS}; {QUICK_REPEATS} with --quick)",
     )
+    add_device(parser)
     add_common(parser)
 
 
 def run(args) -> int:
+    check_device(args)
     apply_common(args)
     from ..bench import attention
 
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
-    print(attention.main(quick=args.quick, repeats=repeats))
+    print(attention.main(quick=args.quick, repeats=repeats, device=args.device, dtype=args.dtype))
     if args.quick:
         print(
             f"\nnote: --quick is a smoke run ({repeats} samples of tiny shapes, where a call "

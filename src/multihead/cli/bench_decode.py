@@ -4,7 +4,9 @@ directory's (`--model DIR`, any model_type `load_causal_lm` reads)."""
 
 from __future__ import annotations
 
-from .bench import add_common, apply_common, require
+import argparse
+
+from .bench import add_common, add_device, apply_common, check_device, require
 from .errors import UsageError
 from .model_dir import CAUSAL_LM_TYPES, check_model
 from .parsing import positive_int
@@ -33,6 +35,23 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--repeats", type=positive_int, default=2, help="runs per contender (default 2)"
     )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="leave out multihead's generate(compile=True) (its compilation takes a minute)",
+    )
+    parser.add_argument(
+        "--no-hf-static",
+        action="store_true",
+        help="leave out Hugging Face's static-cache generate",
+    )
+    parser.add_argument(
+        "--hf-compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile Hugging Face's static-cache generate (default: on CUDA, as generate does)",
+    )
+    add_device(parser)
     add_common(parser)
 
 
@@ -56,6 +75,7 @@ def _check_model_dir(name: str, total: int) -> None:
 
 def run(args) -> int:
     require("transformers", NAME, "Hugging Face transformers")
+    check_device(args)
     if args.new < 2:
         raise UsageError(
             f"--new must be at least 2 (steps are timed after the first), got {args.new}"
@@ -77,6 +97,11 @@ def run(args) -> int:
             new=args.new,
             repeats=args.repeats,
             model_dir=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            compile=not args.no_compile,
+            hf_static=not args.no_hf_static,
+            hf_compile=args.hf_compile,
         )
     )
     return 0

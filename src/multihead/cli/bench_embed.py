@@ -3,7 +3,7 @@ model directory."""
 
 from __future__ import annotations
 
-from .bench import add_common, apply_common, require
+from .bench import add_common, add_device, apply_common, check_device, require
 from .model_dir import DEFAULT_MODEL, check_model
 from .parsing import positive_int
 
@@ -27,14 +27,25 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--repeats", type=positive_int, default=3, help="runs per encoder (default 3)"
     )
+    add_device(parser)
     add_common(parser)
 
 
 def run(args) -> int:
     require("sentence_transformers", NAME, "sentence-transformers")
+    check_device(args)
     check_model(args.model)
     apply_common(args)
     from ..bench import embed
 
-    print(embed.run(args.model, n=args.sentences, batch_size=args.batch_size, repeats=args.repeats))
+    print(
+        embed.run(
+            args.model,
+            n=args.sentences,
+            batch_size=args.batch_size,
+            repeats=args.repeats,
+            device=args.device,
+            dtype=args.dtype,
+        )
+    )
     return 0

@@ -14,6 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..value_checks import values_readable
+
 Align = Literal["bottom_right", "top_left"]
 
 
@@ -27,6 +29,8 @@ def _offset(tq: int, tk: int, align: str) -> int:
 
 
 def _check_length(name: str, value: int) -> None:
+    if isinstance(value, torch.SymInt):  # a traced size (export): non-negative by construction
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
 
@@ -110,14 +114,20 @@ def from_torch_mha(mask: Tensor) -> Tensor:
 
 
 def from_hf_padding(attention_mask: Tensor) -> Tensor:
-    """Hugging Face padding mask (B, T) of 1 = token, 0 = padding -> boolean key mask."""
+    """Hugging Face padding mask (B, T) of 1 = token, 0 = padding -> boolean key mask.
+
+    Values other than 0 and 1 are refused where reading them is free (eager mode, CPU
+    tensors); elsewhere (GPU, torch.compile, torch.export) nonzero counts as a token, as in
+    Hugging Face, and no host sync is made."""
     if attention_mask.dim() != 2:
         raise ValueError(
             f"attention_mask must have shape (B, T), got {tuple(attention_mask.shape)}"
         )
     if attention_mask.dtype == torch.bool:
         return attention_mask
-    if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+    if values_readable(attention_mask) and not bool(
+        ((attention_mask == 0) | (attention_mask == 1)).all()
+    ):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
     return attention_mask != 0
 

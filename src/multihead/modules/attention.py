@@ -357,7 +357,10 @@ class MultiHeadAttention(nn.Module):
         assert self.position is not None
         device = keys.k.device
         q_index = torch.arange(tq, device=device) + keys.first_slot
-        return self.position.bias(q_index, torch.arange(keys.k.shape[2], device=device))
+        k_index = keys.key_slots
+        if k_index is None:
+            k_index = torch.arange(keys.k.shape[2], device=device)
+        return self.position.bias(q_index, k_index)
 
     # -- step 4: merge heads, output projection -----------------------------------------------
 

@@ -2,7 +2,8 @@
 fail early with a message naming the argument and the shapes.
 
 Checks read shapes, dtypes and devices only; the one value check (positions >= 0) runs in eager
-mode on CPU tensors, where reading a value costs nothing, and never under tracing.
+mode on CPU tensors, where reading a value costs nothing, and never under tracing (see
+`multihead.value_checks`).
 
 Shapes: query (B, Tq, C) or unbatched (Tq, C); key (B, Tk, kdim); value (B, Tk, vdim);
 key_mask (B, Tk); positions (Tq,) or (B, Tq).
@@ -14,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from ..value_checks import check_non_negative
 
 
 class Inputs(NamedTuple):
@@ -73,7 +76,13 @@ def check_positions(positions: object, batch: int, length: int, device: torch.de
         raise TypeError(f"positions must be a torch.Tensor or None, got {type(positions).__name__}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-    if tuple(positions.shape) not in ((length,), (batch, length)):
+    # Rank first, then sizes: comparing tuples of different ranks elementwise would make a
+    # tracer guard on unrelated sizes being equal (e.g. T != B under torch.export).
+    shape = positions.shape
+    if not (
+        (len(shape) == 1 and shape[0] == length)
+        or (len(shape) == 2 and shape[0] == batch and shape[1] == length)
+    ):
         raise ValueError(
             f"positions must have shape (T,) = ({length},) or (B, T) = ({batch}, {length}) for "
             f"this call's {length} tokens, got {tuple(positions.shape)}"
@@ -82,15 +91,6 @@ def check_positions(positions: object, batch: int, length: int, device: torch.de
         raise ValueError(f"positions is on {positions.device} but the inputs are on {device}")
     check_non_negative("positions", positions)
     return positions
-
-
-def check_non_negative(name: str, t: Tensor) -> None:
-    """Values >= 0, checked where it is free: eager mode, CPU tensors (no device sync)."""
-    if torch.compiler.is_compiling() or t.device.type != "cpu" or t.numel() == 0:
-        return
-    low = int(t.min())
-    if low < 0:
-        raise ValueError(f"{name} must be >= 0, got a minimum of {low}")
 
 
 def batch_inputs(

@@ -1,11 +1,11 @@
-"""A causal language model (GPT-2 layout by default) with cached generation.
+"""A causal language model (GPT-2 layout by default); generation lives in `generation.py`.
 
-Shapes: input_ids (B, T) -> logits (B, T, V). Generation keeps one KVCache per layer.
+Shapes: input_ids (B, T) -> logits (B, T, V). Generation keeps one KV cache per layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -16,11 +16,15 @@ from ..cache import KVCache
 from ..functional import masks
 from ..hook_points import hooks_for
 from ..positional import ALiBi, LearnedPositions, PositionScheme, RopeScaling, RotaryEmbedding
+from ..static_cache import StaticKVCache
+from ..value_checks import check_below, check_token_ids
+from . import generation
 from .attention import MultiHeadAttention
+from .attention_inputs import check_positions
 from .block import TransformerBlock, make_blocks
+from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
-from .sampling import check_sampling, sample
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,14 @@ class LMConfig:
     mlp_bias: bool | None = None  # None: `bias`
     attn_dropout: float | None = None  # on attention probabilities; None: `dropout`
     attention_only: bool = False  # blocks without an MLP (mlp is then ignored)
+
+    def positions_bounded(self) -> bool:
+        """Whether positions past `max_positions` are refused: a learned table ends there, and
+        RoPE is trained to there (dynamic RoPE scaling stretches its frequencies instead)."""
+        if self.position == "learned":
+            return True
+        dynamic = self.rope_scaling is not None and self.rope_scaling.kind == "dynamic"
+        return self.position == "rope" and not dynamic
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer` (None: it attends to every earlier token)."""
@@ -128,45 +140,44 @@ class CausalLM(nn.Module):
                 if w is not None and not (w.dim() == 2 and w.t().is_contiguous()):
                     module.weight.data = w.data.t().contiguous().t()
 
-    def _head_layout_for(self, rows: int) -> None:
-        """Lay the output head out for `rows` rows per step: MKL multiplies one row fastest by a
-        column-major head (GPT-2: 6.1 ms vs 10.7), but 2-8 rows fastest as mm(W, h^T) with a
-        row-major one (7.3-13.4 ms vs 12-127 ms). One transposition per generate call, in
-        place: no second copy of the (vocab x dim) matrix."""
-        w = self.head.weight
-        want_column_major = rows == 1
-        if want_column_major != (w.stride(0) == 1 and w.shape[0] > 1):
-            with torch.no_grad():
-                w.data = w.data.t().contiguous().t() if want_column_major else w.data.contiguous()
-
     def logits(self, h: Tensor) -> Tensor:
         """(..., C) -> (..., V) through the output head, in whichever layout it has."""
-        w = self.head.weight
-        flat = h.reshape(-1, h.shape[-1])
-        if flat.shape[0] > 1 and w.is_contiguous() and self.head.bias is None:
-            return torch.mm(w, flat.T).T.reshape(*h.shape[:-1], w.shape[0])  # (V, N) -> (N, V)
-        return self.head(h)
+        return head_logits(h, self.head.weight, self.head.bias)
 
     def attention(self, layer: int) -> MultiHeadAttention:
         block = self.layers[layer]
         assert isinstance(block, TransformerBlock)
         return block.attn
 
-    def make_caches(self, batch_size: int, max_length: int | None = None) -> list[KVCache]:
-        """One cache per layer; `max_length` preallocates (no reallocation while decoding)."""
+    def make_caches(
+        self, batch_size: int, max_length: int | None = None, *, static: bool = False
+    ) -> list[KVCache] | list[StaticKVCache]:
+        """One cache per layer, with the layer's sliding window. `max_length` preallocates (no
+        reallocation while decoding); `static=True` gives StaticKVCaches (fixed shapes, for
+        compiled decoding; needs `max_length`). The caches hold the dtype the keys will have:
+        the weights', or the autocast dtype when autocast is on for the weights' device."""
         p = self.tok.weight
         a = self.attention(0)
+        dtype = p.dtype
+        if torch.is_autocast_enabled(p.device.type) and p.dtype.is_floating_point:
+            dtype = torch.get_autocast_dtype(p.device.type)
+        shape = (batch_size, a.num_kv_heads, a.head_dim)
         windows = [self.config.window(i) for i in range(len(self.layers))]
+        if static:
+            if max_length is None:
+                raise ValueError("a static cache needs max_length")
+            return [
+                StaticKVCache(*shape, max_length, window=w, dtype=dtype, device=p.device)
+                for w in windows
+            ]
         return [
             KVCache(
-                batch_size,
-                a.num_kv_heads,
-                a.head_dim,
+                *shape,
                 # a static window cache holds 2 * window keys, too few for a longer prompt:
                 # windowed layers keep a dynamic one (bounded at window - 1 + T keys)
                 max_length=max_length if window is None else None,
                 window=window,
-                dtype=p.dtype,
+                dtype=dtype,
                 device=p.device,
             )
             for window in windows
@@ -177,16 +188,41 @@ class CausalLM(nn.Module):
         input_ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
-        caches: list[KVCache] | None = None,
+        caches: Sequence[KVCache | StaticKVCache] | None = None,
         positions: Tensor | None = None,
         last_only: bool = False,
     ) -> Tensor:
         """Logits (B, T, V), or (B, 1, V) with `last_only` (all generation needs after a prefill;
         the head is the largest matrix). `attention_mask` (B, T): 1/True = token, 0 = padding (of
         this call's tokens when caches are given). `positions` default: after the cached tokens,
-        or counted over real tokens when there is padding (left padding does not shift them)."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape (B, T), got {tuple(input_ids.shape)}")
+        counted over real tokens when there is padding (left padding does not shift them)."""
+        h = self.hidden_states(
+            input_ids,
+            attention_mask=attention_mask,
+            caches=caches,
+            positions=positions,
+            last_only=last_only,
+        )
+        return self.logits(h)
+
+    def hidden_states(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        caches: Sequence[KVCache | StaticKVCache] | None = None,
+        positions: Tensor | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
+        """The final normalised states (B, T, C) that the head reads (see `forward`).
+
+        Traceable: checks read shapes and dtypes; token ids and positions are checked against
+        the vocabulary and the position table only where values are free to read (eager mode,
+        CPU tensors). `generate` checks its inputs once per call on any device."""
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
+            raise ValueError(f"input_ids must have shape (B, T), got {got}")
+        check_token_ids("input_ids", input_ids, self.config.vocab_size)
         B, T = input_ids.shape
         if caches is not None:
             if len(caches) != len(self.layers):
@@ -201,23 +237,20 @@ class CausalLM(nn.Module):
                         f"caches[{i}] has window {cache.window}, layer {i} attends with window "
                         f"{self.config.window(i)}: make the caches with make_caches"
                     )
-        start = caches[0].length if caches else 0
-        key_mask = None if attention_mask is None else attention_mask.bool()
-        if positions is None:
-            if key_mask is not None and start == 0:
-                positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
-            else:
-                positions = torch.arange(start, start + T, device=input_ids.device)
-        dynamic_rope = self.config.rope_scaling is not None and (
-            self.config.rope_scaling.kind == "dynamic"
-        )
-        if self.config.position == "learned" or (
-            self.config.position == "rope" and not dynamic_rope
-        ):
-            limit = self.config.max_positions
-            if positions.numel() and int(positions.max()) >= limit:
-                last = int(positions.max())
-                raise ValueError(f"position {last} is past the position table ({limit} positions)")
+        key_mask = None
+        if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
+                got = (
+                    tuple(attention_mask.shape)
+                    if isinstance(attention_mask, Tensor)
+                    else type(attention_mask).__name__
+                )
+                raise ValueError(
+                    f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                    f"got {got}"
+                )
+            key_mask = attention_mask.bool()
+        positions = self._positions(B, T, input_ids.device, key_mask, caches, positions)
         hooks = hooks_for(self)
         x = self.tok(input_ids)
         if hooks is not None:
@@ -244,61 +277,47 @@ class CausalLM(nn.Module):
         x = self.norm_f(x)
         if hooks is not None:
             x = hooks("ln_final.hook_normalized", x)
-        return self.logits(x)
+        return x
 
-    @torch.inference_mode()
-    def generate_stream(
+    def _positions(
         self,
-        prompt_ids: Tensor,
-        max_new_tokens: int,
-        *,
-        attention_mask: Tensor | None = None,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos: int | None = None,
-        generator: torch.Generator | None = None,
+        B: int,
+        T: int,
+        device: torch.device,
+        key_mask: Tensor | None,
+        caches: Sequence[KVCache | StaticKVCache] | None,
+        positions: Tensor | None,
+    ) -> Tensor:
+        """This call's positions, (T,) or (B, T), checked against the position table.
+
+        Default: after the cached tokens (the cache counts them, on the host or the device),
+        plus the real tokens before each one in this call when it has padding."""
+        limit = self.config.max_positions
+        bounded = self.config.positions_bounded()
+        if positions is not None:
+            positions = check_positions(positions, B, T, device)
+        elif caches is None and key_mask is None:
+            if bounded and T > limit:  # a shape check: traceable (a guard on T)
+                raise ValueError(f"position {T - 1} is past the position table ({limit} positions)")
+            return torch.arange(T, device=device)
+        else:
+            start = caches[0].next_positions(T, device)[:1] if caches else 0  # (1,) or 0
+            if key_mask is None:
+                positions = start + torch.arange(T, device=device)
+            else:  # real tokens before each one: left padding does not shift positions
+                positions = start + (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        if bounded:
+            check_below("positions", positions, limit, "position table")
+        return positions
+
+    def generate_stream(
+        self, prompt_ids: Tensor, max_new_tokens: int, **kwargs
     ) -> Iterator[Tensor]:
-        """Yield the next token of every row (B,), one step at a time. Prompts of different
-        lengths: left-pad them and pass `attention_mask` (1 = token). temperature 0 = greedy.
-        Rows that produced `eos` keep producing `eos`; generation stops when all have."""
-        check_sampling(max_new_tokens, temperature, top_k, top_p)
-        if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
-            raise ValueError(
-                f"prompt_ids must have shape (B, P) with P >= 1, got {tuple(prompt_ids.shape)}"
-            )
-        B, P = prompt_ids.shape
-        mask = (
-            torch.ones_like(prompt_ids, dtype=torch.bool)
-            if attention_mask is None
-            else attention_mask.bool()
-        )
-        real = mask.sum(-1)  # (B,) prompt lengths
-        if (
-            self.config.position == "learned"
-            and int(real.max()) + max_new_tokens > self.config.max_positions
-        ):
-            raise ValueError(
-                f"prompt ({int(real.max())} tokens) + max_new_tokens ({max_new_tokens}) is longer "
-                f"than the position table ({self.config.max_positions} positions)"
-            )
-        caches = self.make_caches(B, max_length=P + max_new_tokens)
-        self._head_layout_for(B)
-        logits = self(prompt_ids, attention_mask=mask, caches=caches, last_only=True)[:, -1]
-        finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
-        positions = real.clone()
-        for step in range(max_new_tokens):
-            token = sample(logits, temperature, top_k, top_p, generator)
-            if eos is not None:
-                token = torch.where(finished, torch.full_like(token, eos), token)
-                finished |= token == eos
-            yield token
-            if step + 1 == max_new_tokens or (eos is not None and bool(finished.all())):
-                return
-            logits = self(token[:, None], caches=caches, positions=positions[:, None])[:, -1]
-            positions += 1
+        """Yield the next token of every row (B,), one step at a time: see
+        `multihead.modules.generation.generate_stream` for the options (sampling, eos, padding,
+        compile)."""
+        return generation.generate_stream(self, prompt_ids, max_new_tokens, **kwargs)
 
     def generate(self, prompt_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """(B, P + new): the prompts followed by the generated tokens (see generate_stream)."""
-        new = list(self.generate_stream(prompt_ids, max_new_tokens, **kwargs))
-        return torch.cat([prompt_ids, torch.stack(new, dim=1)], dim=1)
+        return generation.generate(self, prompt_ids, max_new_tokens, **kwargs)

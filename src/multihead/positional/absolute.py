@@ -1,4 +1,9 @@
-"""Absolute position embeddings: fixed sinusoids (Vaswani et al. 2017) and a learned table."""
+"""Absolute position embeddings: fixed sinusoids (Vaswani et al. 2017) and a learned table.
+
+Both are traceable: nothing reads position values on the host (a position past the learned
+table is refused where values are free to read; see `multihead.value_checks`), and sinusoids are
+computed from the positions on every call, so there is no table to outgrow.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,31 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..value_checks import check_below, check_integer
 
-def sinusoidal_positions(length: int, dim: int, *, base: float = 10000.0) -> Tensor:
-    """(length, dim): sin at even, cos at odd dimensions, wavelengths base^(2i/dim)."""
+
+def sinusoids(positions: Tensor, dim: int, *, base: float = 10000.0) -> Tensor:
+    """(*positions.shape, dim): sin at even, cos at odd dimensions, wavelengths base^(2i/dim).
+    Angles in float64 (float32 where the device has no float64), returned as float32."""
     if dim % 2:
         raise ValueError(f"sinusoidal embeddings need an even dim, got {dim}")
-    position = torch.arange(length, dtype=torch.float64)[:, None]
-    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(base) / dim))
-    table = torch.zeros(length, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * div)
-    table[:, 1::2] = torch.cos(position * div)
-    return table.float()
+    wide = torch.float32 if positions.device.type == "mps" else torch.float64
+    div = torch.exp(
+        torch.arange(0, dim, 2, dtype=wide, device=positions.device) * (-math.log(base) / dim)
+    )
+    angles = positions.to(wide)[..., None] * div  # (..., dim / 2)
+    # (..., dim / 2, 2) -> (..., dim): sin, cos interleaved
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2).float()
+
+
+def sinusoidal_positions(length: int, dim: int, *, base: float = 10000.0) -> Tensor:
+    """(length, dim): the sinusoids of positions 0 .. length - 1."""
+    return sinusoids(torch.arange(length), dim, base=base)
 
 
 class LearnedPositions(nn.Module):
-    """A learned table of `max_positions` rows; positions past it raise a clear error."""
+    """A learned table of `max_positions` rows; positions past it raise a clear error (where
+    values are free to read: eager mode on CPU)."""
 
     def __init__(self, max_positions: int, dim: int, device=None, dtype=None) -> None:
         super().__init__()
@@ -33,27 +48,21 @@ class LearnedPositions(nn.Module):
         return self.weight.shape[0]
 
     def forward(self, positions: Tensor) -> Tensor:
-        if positions.numel() and int(positions.max()) >= self.max_positions:
-            raise ValueError(
-                f"position {int(positions.max())} is past the position table "
-                f"({self.max_positions} positions)"
-            )
+        check_integer("positions", positions)
+        check_below("positions", positions, self.max_positions, "position table")
         return self.weight[positions]
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoids as a non-persistent buffer, grown on demand."""
+    """Fixed sinusoids of any position, computed on each call (no table, no parameters)."""
 
     def __init__(self, dim: int, *, max_positions: int = 2048) -> None:
+        """`max_positions` is kept for compatibility; nothing is preallocated any more."""
         super().__init__()
+        if dim % 2:
+            raise ValueError(f"sinusoidal embeddings need an even dim, got {dim}")
         self.dim = dim
-        self.table: Tensor
-        self.register_buffer("table", sinusoidal_positions(max_positions, dim), persistent=False)
 
     def forward(self, positions: Tensor) -> Tensor:
-        needed = int(positions.max()) + 1 if positions.numel() else 0
-        if needed > self.table.shape[0]:
-            self.table = sinusoidal_positions(max(needed, 2 * self.table.shape[0]), self.dim).to(
-                self.table.device
-            )
-        return self.table[positions]
+        check_integer("positions", positions)
+        return sinusoids(positions, self.dim)

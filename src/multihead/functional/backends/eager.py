@@ -30,6 +30,11 @@ def eager_attention(
     on_pattern: TensorHook | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     q, k, v = call.q, call.k, call.v
+    if torch.is_autocast_enabled(q.device.type):
+        # The formula states its own precision (fp32 scores and softmax for half inputs);
+        # autocast would run its matmuls in half precision and overflow the fp32 mask fill.
+        with torch.autocast(q.device.type, enabled=False):
+            return eager_attention(call, on_scores=on_scores, on_pattern=on_pattern)
     if call.groups > 1:
         # (B, Hkv, Tk, D) -> (B, H, Tk, D): query head h reads key/value head h // groups.
         k = k.repeat_interleave(call.groups, dim=1)

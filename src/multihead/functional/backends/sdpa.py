@@ -45,7 +45,7 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
 
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     q, k, v, mask, bias, causal, scale, dropout_p, _ = call
-    gqa = q.shape[1] != k.shape[1]
+    gqa = _gqa(q, k)
     tq, tk = q.shape[2], k.shape[2]
     if mask is None and bias is None and (not causal or tq == tk):
         # No row can be empty, and top-left/bottom-right causality coincide: the kernel does all.
@@ -60,6 +60,15 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     return _fused(q, k, v, allowed, bias, scale, dropout_p, gqa), None
 
 
+def _gqa(q: Tensor, k: Tensor) -> bool:
+    """Whether query and key head counts differ, as a Python bool: with dynamic shapes
+    (torch.compile(dynamic=True)) the comparison is symbolic, which SDPA's flag refuses; a
+    branch turns it into a guard and a constant."""
+    if q.shape[1] != k.shape[1]:  # noqa: SIM103
+        return True
+    return False
+
+
 def _plain(call: AttentionCall, causal: bool) -> Tensor:
     q, k, v = call.q, call.k, call.v
     return _sdpa(
@@ -69,7 +78,7 @@ def _plain(call: AttentionCall, causal: bool) -> Tensor:
         dropout_p=call.dropout_p,
         is_causal=causal,
         scale=call.scale,
-        enable_gqa=q.shape[1] != k.shape[1],
+        enable_gqa=_gqa(q, k),
     )
 
 
@@ -91,7 +100,7 @@ def _rows(t: Tensor | None, start: int, stop: int, keys: int) -> Tensor | None:
 
 def _chunked(call: AttentionCall, rows: int) -> Tensor:
     q, k, v, mask, bias, _, scale, dropout_p, _ = call
-    gqa = q.shape[1] != k.shape[1]
+    gqa = _gqa(q, k)
     tq, tk = q.shape[2], k.shape[2]
     outs = []
     for start in range(0, tq, rows):

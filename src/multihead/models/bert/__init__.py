@@ -3,7 +3,7 @@
 from ..loading import Family
 from .config import BertConfig, bert_config
 from .keymap import BERT_IGNORED, bert_key_map, renamer
-from .model import BertEmbeddings, BertEncoder, EncoderOutput, check_token_ids
+from .model import BertEmbeddings, BertEncoder, EncoderOutput
 
 BERT = Family(
     read_config=bert_config,
@@ -22,5 +22,4 @@ __all__ = [
     "EncoderOutput",
     "bert_config",
     "bert_key_map",
-    "check_token_ids",
 ]

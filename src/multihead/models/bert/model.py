@@ -17,26 +17,13 @@ from ...functional.varlen import VarLen
 from ...hook_points import hooks_for
 from ...modules import TransformerBlock
 from ...positional.scheme import PositionScheme
+from ...value_checks import check_token_ids
 from .config import BertConfig
 
 
 class EncoderOutput(NamedTuple):
     last_hidden_state: Tensor  # (B, T, C); packed input: (N, C)
     attentions: tuple[Tensor, ...] | None  # per layer (B, H, T, T), when asked for
-
-
-def check_token_ids(ids: Tensor, name: str, size: int, what: str) -> None:
-    """Integer ids in [0, size): TypeError / ValueError naming the argument, not an IndexError
-    from inside torch. The range check reads the values (one min/max pass); it is skipped while
-    torch.compile traces, where it would break the graph."""
-    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-    if ids.numel() == 0 or torch.compiler.is_compiling():
-        return
-    low, high = (int(v) for v in torch.aminmax(ids))
-    if low < 0 or high >= size:
-        bad = low if low < 0 else high
-        raise ValueError(f"{name} holds {bad}, outside the {what} (ids 0 .. {size - 1})")
 
 
 def roberta_positions(input_ids: Tensor, pad: int) -> Tensor:
@@ -93,7 +80,7 @@ class BertEmbeddings(nn.Module):
             raise ValueError(
                 f"sequence length {longest} exceeds the position table ({cfg.max_length} positions)"
             )
-        check_token_ids(input_ids, "input_ids", cfg.vocab_size, "vocabulary")
+        check_token_ids("input_ids", input_ids, cfg.vocab_size, always=True)
         if cfg.position_style == "roberta":
             positions = (
                 roberta_positions(input_ids, cfg.pad_token_id)
@@ -115,7 +102,9 @@ class BertEmbeddings(nn.Module):
             if token_type_ids is None:
                 types = self.token_type_embeddings.weight[0]  # every token of type 0
             else:
-                check_token_ids(token_type_ids, "token_type_ids", cfg.type_vocab_size, "types")
+                check_token_ids(
+                    "token_type_ids", token_type_ids, cfg.type_vocab_size, what="types", always=True
+                )
                 types = self.token_type_embeddings(token_type_ids)
             if hooks is not None:
                 types = hooks("hook_token_type_embed", types.expand_as(words))
