@@ -75,3 +75,18 @@ def test_decoders_export_with_a_dynamic_length(case, tmp_path):
         ids, mask = torch.randint(0, VOCAB, (B, length)), left_padded(length)
         got = program.module()(ids, attention_mask=mask)
         torch.testing.assert_close(got, m(ids, attention_mask=mask))
+
+
+@pytest.mark.parametrize("case", ["mistral-window", "qwen2-window", "llama-dynamic"])
+def test_compiled_generation_matches_eager(case, tmp_path):
+    """Static caches with sliding windows (prompt longer than the window) and left padding;
+    dynamic RoPE. Greedy tokens equal eager generation's, which test_models_llama.py holds
+    against Hugging Face's."""
+    save_causal(tmp_path, case)
+    m = load_causal_lm(tmp_path)
+    ids = torch.randint(0, VOCAB, (B, 7))
+    mask = left_padded(7)
+    new = 6 if case == "llama-dynamic" else 9  # 16 positions in the dynamic case's table
+    eager = m.generate(ids, new, attention_mask=mask)
+    compiled = m.generate(ids, new, attention_mask=mask, compile={"backend": "eager"})
+    assert torch.equal(compiled, eager)
