@@ -14,6 +14,7 @@ NAME = "bench"
 HELP = "run a benchmark and print its table"
 SUBCOMMANDS = (
     "bench_attention",
+    "bench_attention_memory",
     "bench_embed",
     "bench_decode",
     "bench_encoder_layer",
