@@ -1,4 +1,5 @@
-"""Rotary position embeddings (RoPE, Su et al. 2021): pure functions plus a module caching cos/sin.
+"""Rotary position embeddings (RoPE, Su et al. 2021): pure functions, and a module that computes
+cos/sin from each call's positions.
 
 Convention: the "rotate half" layout of GPT-NeoX / LLaMA: dimension i pairs with i + D/2.
 Shapes: x (B, H, T, D); positions (T,) or (B, T); cos/sin broadcast to x; inverse frequencies
