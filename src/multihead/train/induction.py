@@ -20,6 +20,7 @@ from ..modules import CausalLM, LMConfig
 from ..modules.init import init_weights
 from .ablation import HeadAblation, ablate_heads
 from .data import RepeatTask, repeat_batch
+from .loop import HELD_OUT_SEED_OFFSET, check_seed_and_counts, run_steps, seeded
 from .phase import PhaseChange, detect
 from .probe import HeldOut, Scores, measure
 
@@ -52,18 +53,13 @@ class InductionConfig:
     probe_per_layout: int = 32
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        check_seed_and_counts(
+            self, ("steps", "eval_every", "batch_size", "probe_layouts", "probe_per_layout")
+        )
         if self.position not in POSITIONS:
             raise ValueError(
                 f"--positions must be one of {', '.join(POSITIONS)}, got {self.position!r}"
             )
-        for name in ("steps", "eval_every", "batch_size", "probe_layouts", "probe_per_layout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be a positive integer, got {value!r}"
-                )
 
     def task(self) -> RepeatTask:
         return RepeatTask(
@@ -116,54 +112,46 @@ class InductionRun:
     seconds: float
 
 
-# Held-out sequences come from their own seed stream, apart from the training batches.
-HELD_OUT_SEED_OFFSET = 1_000_003
-
-
 def train_induction(
     config: InductionConfig, *, progress: Callable[[int], object] | None = None
 ) -> InductionRun:
     """Train and measure. `progress(total)` may return a tqdm-like bar (update, set_postfix)."""
     start = time.perf_counter()
     task = config.task()
-    # The seed drives the initial weights without touching the caller's global RNG state.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        model = init_weights(CausalLM(config.model_config(), init=False), std=config.init_std)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    data = torch.Generator().manual_seed(config.seed)
+    model = seeded(
+        config.seed,
+        lambda: init_weights(CausalLM(config.model_config(), init=False), std=config.init_std),
+    )
     held_out = HeldOut.make(
         task, config.probe_layouts, config.probe_per_layout, config.seed + HELD_OUT_SEED_OFFSET
     )
     history = History()
-    bar = progress(config.steps) if progress is not None else None
-    model.train()
-    for step in range(config.steps + 1):
-        if step % config.eval_every == 0 or step == config.steps:
-            scores = measure(model, held_out, config.num_layers)
-            history.add(step, scores)
-            if bar is not None:
-                bar.set_postfix(  # type: ignore[attr-defined]
-                    {  # in this order (keyword arguments would be sorted)
-                        "loss first": f"{scores.loss_first:.2f}",
-                        "repeat": f"{scores.loss_second:.2f}",
-                        "best induction": f"{float(scores.induction.max()):.2f}",
-                    },
-                    refresh=False,
-                )
-        if step == config.steps:
-            break
+
+    def measure_step(step: int) -> dict[str, str]:
+        scores = measure(model, held_out, config.num_layers)
+        history.add(step, scores)
+        return {
+            "loss first": f"{scores.loss_first:.2f}",
+            "repeat": f"{scores.loss_second:.2f}",
+            "best induction": f"{float(scores.induction.max()):.2f}",
+        }
+
+    def batch_loss(data: torch.Generator) -> torch.Tensor:
         batch = repeat_batch(task, config.batch_size, data)
         logits = model(batch.ids)
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch.ids[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if bar is not None:
-            bar.update(1)  # type: ignore[attr-defined]
-    if bar is not None:
-        bar.close()  # type: ignore[attr-defined]
-    model.eval()
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch.ids[:, 1:].flatten())
+
+    run_steps(
+        model,
+        steps=config.steps,
+        eval_every=config.eval_every,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        seed=config.seed,
+        batch_loss=batch_loss,
+        evaluate=measure_step,
+        progress=progress,
+    )
     phase = detect(
         history.steps,
         history.curve("loss_first"),

@@ -23,6 +23,7 @@ from ..interpret.metrics import aligned_mass
 from ..modules import EncoderDecoder, StackConfig
 from ..modules.init import init_weights
 from .data import PAD, REVERSE_BOS, ReverseBatch, ReverseTask, reverse_batch
+from .loop import HELD_OUT_SEED_OFFSET, check_seed_and_counts, run_steps, seeded
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,7 @@ class ReverseConfig:
     held_out: int = 512
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"--seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("steps", "eval_every", "batch_size", "held_out"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be a positive integer, got {value!r}"
-                )
+        check_seed_and_counts(self, ("steps", "eval_every", "batch_size", "held_out"))
 
     def task(self) -> ReverseTask:
         return ReverseTask(self.vocab_size, (self.min_length, self.max_length))
@@ -133,54 +127,43 @@ def evaluate(model: EncoderDecoder, batch: ReverseBatch) -> ReverseScores:
     return ReverseScores(loss, accuracy, sequence_accuracy, alignment)
 
 
-# Held-out sequences come from their own seed stream, apart from the training batches.
-HELD_OUT_SEED_OFFSET = 1_000_003
-
-
 def train_reverse(
     config: ReverseConfig, *, progress: Callable[[int], object] | None = None
 ) -> ReverseRun:
     start = time.perf_counter()
     task = config.task()
-    # The seed drives the initial weights without touching the caller's global RNG state.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        model = init_weights(
+    model = seeded(
+        config.seed,
+        lambda: init_weights(
             EncoderDecoder(config.vocab_size, config.stack(), config.stack(), init=False),
             std=config.init_std,
-        )
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    data = torch.Generator().manual_seed(config.seed)
+        ),
+    )
     held_out = reverse_batch(
         task, config.held_out, torch.Generator().manual_seed(config.seed + HELD_OUT_SEED_OFFSET)
     )
     run = ReverseRun(config, model, held_out=held_out)
-    bar = progress(config.steps) if progress is not None else None
-    model.train()
-    for step in range(config.steps + 1):
-        if step % config.eval_every == 0 or step == config.steps:
-            scores = evaluate(model, held_out)
-            run.steps.append(step)
-            run.scores.append(scores)
-            if bar is not None:
-                bar.set_postfix(  # type: ignore[attr-defined]
-                    {  # in this order (keyword arguments would be sorted)
-                        "loss": f"{scores.loss:.2f}",
-                        "accuracy": f"{scores.accuracy:.2f}",
-                        "best alignment": f"{float(scores.alignment.max()):.2f}",
-                    },
-                    refresh=False,
-                )
-        if step == config.steps:
-            break
-        loss = reversal_loss(model, reverse_batch(task, config.batch_size, data))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if bar is not None:
-            bar.update(1)  # type: ignore[attr-defined]
-    if bar is not None:
-        bar.close()  # type: ignore[attr-defined]
-    model.eval()
+
+    def measure_step(step: int) -> dict[str, str]:
+        scores = evaluate(model, held_out)
+        run.steps.append(step)
+        run.scores.append(scores)
+        return {
+            "loss": f"{scores.loss:.2f}",
+            "accuracy": f"{scores.accuracy:.2f}",
+            "best alignment": f"{float(scores.alignment.max()):.2f}",
+        }
+
+    run_steps(
+        model,
+        steps=config.steps,
+        eval_every=config.eval_every,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        seed=config.seed,
+        batch_loss=lambda data: reversal_loss(model, reverse_batch(task, config.batch_size, data)),
+        evaluate=measure_step,
+        progress=progress,
+    )
     run.seconds = time.perf_counter() - start
     return run
