@@ -101,6 +101,9 @@ def test_cache_errors():
             torch.zeros(2, 3, 1, 4, dtype=torch.float64),
             torch.zeros(2, 3, 1, 4, dtype=torch.float64),
         )
+    with pytest.raises(ValueError, match=r"float32, got keys of torch\.float32 and values of"):
+        cache.update(torch.zeros(2, 3, 1, 4), torch.zeros(2, 3, 1, 4, dtype=torch.float16))
+    assert cache.length == 0  # nothing was written
     with pytest.raises(ValueError, match="window"):
         KVCache(1, 1, 4, window=0)
     m = MultiHeadAttention(C, H, causal=True)

@@ -68,9 +68,46 @@ class _OneModule:
             )
 
 
-class KVCache(_OneModule):
+class _SelfAttentionCache(_OneModule):
+    """What both self-attention caches (KVCache, StaticKVCache) hold and check: the layout of
+    the keys and values (batch, kv heads, widths) and their dtype."""
+
     cross = False
 
+    def _set_layout(
+        self, batch_size: int, num_kv_heads: int, head_dim: int, value_dim: int | None, dtype
+    ) -> None:
+        _positive_int("batch_size", batch_size)
+        _positive_int("num_kv_heads", num_kv_heads)
+        _positive_int("head_dim", head_dim)
+        _positive_int("value_dim", value_dim, optional=True)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
+        self.value_dim = value_dim or head_dim
+        self.dtype = dtype
+
+    def _check_layout(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
+        """This call's keys k (B, Hkv, T, D), values and key mask (B, T) fit the cache."""
+        T = k.shape[2]
+        want = (self.batch_size, self.num_kv_heads, T, self.head_dim)
+        if tuple(k.shape) != want or v.shape[:3] != k.shape[:3] or v.shape[3] != self.value_dim:
+            raise ValueError(
+                f"the cache holds (batch {self.batch_size}, kv heads {self.num_kv_heads}, "
+                f"head_dim {self.head_dim}); got keys {tuple(k.shape)} and values {tuple(v.shape)}"
+            )
+        if k.dtype != self.dtype or v.dtype != self.dtype:
+            raise ValueError(
+                f"the cache holds {self.dtype}, got keys of {k.dtype} and values of {v.dtype}"
+            )
+        if key_mask is not None and tuple(key_mask.shape) != (self.batch_size, T):
+            raise ValueError(
+                f"key_mask must have shape (B, T) = {(self.batch_size, T)}, "
+                f"got {tuple(key_mask.shape)}"
+            )
+
+
+class KVCache(_SelfAttentionCache):
     def __init__(
         self,
         batch_size: int,
@@ -83,18 +120,10 @@ class KVCache(_OneModule):
         dtype: torch.dtype = torch.float32,
         device=None,
     ) -> None:
-        _positive_int("batch_size", batch_size)
-        _positive_int("num_kv_heads", num_kv_heads)
-        _positive_int("head_dim", head_dim)
+        self._set_layout(batch_size, num_kv_heads, head_dim, value_dim, dtype)
         _positive_int("max_length", max_length, optional=True)
         _positive_int("window", window, optional=True)
-        _positive_int("value_dim", value_dim, optional=True)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
-        self.value_dim = value_dim or head_dim
         self.max_length, self.window = max_length, window
-        self.dtype = dtype
         self.device = torch.device(device) if device is not None else None
         self.reset()
         if max_length is not None:
@@ -125,23 +154,11 @@ class KVCache(_OneModule):
         return torch.arange(self.length, self.length + count, device=device)
 
     def _check(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
-        want = (self.batch_size, self.num_kv_heads, k.shape[2], self.head_dim)
-        if tuple(k.shape) != want or v.shape[:3] != k.shape[:3] or v.shape[3] != self.value_dim:
-            raise ValueError(
-                f"the cache holds (batch {self.batch_size}, kv heads {self.num_kv_heads}, "
-                f"head_dim {self.head_dim}); got keys {tuple(k.shape)} and values {tuple(v.shape)}"
-            )
-        if k.dtype != self.dtype:
-            raise ValueError(f"the cache holds {self.dtype}, got keys of {k.dtype}")
+        self._check_layout(k, v, key_mask)
         if self.max_length is not None and self.length + k.shape[2] > self.max_length:
             raise ValueError(
                 f"{self.length + k.shape[2]} tokens do not fit a cache of max_length "
                 f"{self.max_length} ({self.length} cached, {k.shape[2]} new)"
-            )
-        if key_mask is not None and tuple(key_mask.shape) != (self.batch_size, k.shape[2]):
-            raise ValueError(
-                f"key_mask must have shape (B, T) = {(self.batch_size, k.shape[2])}, "
-                f"got {tuple(key_mask.shape)}"
             )
 
     def update(

@@ -20,19 +20,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .cache import KeySet, _OneModule, _positive_int
+from .cache import KeySet, _positive_int, _SelfAttentionCache
 from .value_checks import values_readable
 
 
-class StaticKVCache(_OneModule):
+class StaticKVCache(_SelfAttentionCache):
     """A fixed-shape self-attention cache for `max_length` tokens (see the module docstring).
 
     Speaks the cache protocol of `KVCache` (`keys_for`, `next_positions`, `reset`); `length` reads
     the token count from the device (a host sync: not for forward paths). A call past
     `max_length` is refused where the count is free to read (eager, CPU); elsewhere the caller
     sizes the cache (`CausalLM.generate` does)."""
-
-    cross = False
 
     def __init__(
         self,
@@ -47,18 +45,11 @@ class StaticKVCache(_OneModule):
         dtype: torch.dtype = torch.float32,
         device=None,
     ) -> None:
-        _positive_int("batch_size", batch_size)
-        _positive_int("num_kv_heads", num_kv_heads)
-        _positive_int("head_dim", head_dim)
+        self._set_layout(batch_size, num_kv_heads, head_dim, value_dim, dtype)
         _positive_int("max_length", max_length)
         _positive_int("window", window, optional=True)
         _positive_int("chunk", chunk, optional=True)
-        _positive_int("value_dim", value_dim, optional=True)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
-        self.value_dim = value_dim or head_dim
-        self.max_length, self.window, self.dtype = max_length, window, dtype
+        self.max_length, self.window = max_length, window
         room = max_length
         if window is not None and chunk is not None:
             room = min(max_length, window - 1 + chunk)
@@ -93,22 +84,10 @@ class StaticKVCache(_OneModule):
 
     def _check(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
         """Shapes, dtype and device (traceable); the token budget where it is free to read."""
+        self._check_layout(k, v, key_mask)
         T = k.shape[2]
-        want = (self.batch_size, self.num_kv_heads, T, self.head_dim)
-        if tuple(k.shape) != want or v.shape[:3] != k.shape[:3] or v.shape[3] != self.value_dim:
-            raise ValueError(
-                f"the cache holds (batch {self.batch_size}, kv heads {self.num_kv_heads}, "
-                f"head_dim {self.head_dim}); got keys {tuple(k.shape)} and values {tuple(v.shape)}"
-            )
-        if k.dtype != self.dtype or v.dtype != self.dtype:
-            raise ValueError(f"the cache holds {self.dtype}, got keys of {k.dtype}")
         if k.device != self.device:
             raise ValueError(f"the cache is on {self.device}, got keys on {k.device}")
-        if key_mask is not None and tuple(key_mask.shape) != (self.batch_size, T):
-            raise ValueError(
-                f"key_mask must have shape (B, T) = {(self.batch_size, T)}, "
-                f"got {tuple(key_mask.shape)}"
-            )
         if self.ring:
             assert self.window is not None
             if T > self.room - (self.window - 1):
