@@ -188,6 +188,8 @@ def test_forward_checks_token_ids_on_cpu():
         ValueError, match=r"attention_mask must have the shape of input_ids \(1, 3\)"
     ):
         m(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"attention_mask must hold only 0 \(padding\) and 1"):
+        m(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.tensor([[1, 2, 1]]))
 
 
 def test_position_past_the_table_through_a_static_cache():

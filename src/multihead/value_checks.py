@@ -19,6 +19,12 @@ def values_readable(t: Tensor) -> bool:
     return not torch.compiler.is_compiling() and t.device.type == "cpu" and t.numel() > 0
 
 
+def may_read(t: Tensor, always: bool = False) -> bool:
+    """Whether a value check on `t` runs: where reading is free (`values_readable`), or on any
+    device when the caller affords one host read (`always`) and nothing is being traced."""
+    return values_readable(t) or (always and t.numel() > 0 and not tracing(t))
+
+
 def check_non_negative(name: str, t: Tensor) -> None:
     """Values >= 0, checked where it is free (see `values_readable`)."""
     if not values_readable(t):
@@ -45,9 +51,7 @@ def check_token_ids(
     the values where they are free to read, or on any device when `always` (one host read:
     once per `generate`, once per encoder call) as long as nothing is being traced."""
     check_integer(name, ids)
-    if ids.numel() == 0:
-        return
-    if not (values_readable(ids) or (always and not tracing(ids))):
+    if not may_read(ids, always):
         return
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0 or high >= vocab_size:
@@ -65,7 +69,7 @@ def tracing(t: Tensor) -> bool:
 
 def check_below(name: str, t: Tensor, limit: int, what: str, *, always: bool = False) -> None:
     """Values in [0, limit) (positions in a table of `limit` rows), where free to read."""
-    if t.numel() == 0 or not (values_readable(t) or (always and not tracing(t))):
+    if not may_read(t, always):
         return
     low, high = (int(v) for v in torch.aminmax(t))
     if low < 0:

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..value_checks import values_readable
+from ..value_checks import may_read
 
 Align = Literal["bottom_right", "top_left"]
 
@@ -113,11 +113,12 @@ def from_torch_mha(mask: Tensor) -> Tensor:
     return ~mask
 
 
-def from_hf_padding(attention_mask: Tensor) -> Tensor:
+def from_hf_padding(attention_mask: Tensor, *, always: bool = False) -> Tensor:
     """Hugging Face padding mask (B, T) of 1 = token, 0 = padding -> boolean key mask.
 
     Values other than 0 and 1 are refused where reading them is free (eager mode, CPU
-    tensors); elsewhere (GPU, torch.compile, torch.export) nonzero counts as a token, as in
+    tensors), or on any device with `always` (one host read: once per `generate` call);
+    elsewhere (GPU forward calls, torch.compile, torch.export) nonzero counts as a token, as in
     Hugging Face, and no host sync is made."""
     if attention_mask.dim() != 2:
         raise ValueError(
@@ -125,7 +126,7 @@ def from_hf_padding(attention_mask: Tensor) -> Tensor:
         )
     if attention_mask.dtype == torch.bool:
         return attention_mask
-    if values_readable(attention_mask) and not bool(
+    if may_read(attention_mask, always) and not bool(
         ((attention_mask == 0) | (attention_mask == 1)).all()
     ):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")

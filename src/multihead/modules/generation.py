@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..functional import masks
 from ..value_checks import check_token_ids
 from .sampling import check_sampling, sample
 
@@ -140,11 +141,7 @@ def _check_mask(attention_mask: object, shape: torch.Size) -> Tensor:
             f"attention_mask must have the shape of prompt_ids {tuple(shape)}, got "
             f"{got if got is not None else type(attention_mask).__name__}"
         )
-    if attention_mask.dtype == torch.bool:
-        return attention_mask
-    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-    return attention_mask != 0
+    return masks.from_hf_padding(attention_mask, always=True)
 
 
 def generate_stream(

@@ -249,7 +249,7 @@ class CausalLM(nn.Module):
                     f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
                     f"got {got}"
                 )
-            key_mask = attention_mask.bool()
+            key_mask = masks.from_hf_padding(attention_mask)  # (B, T), True = a real token
         positions = self._positions(B, T, input_ids.device, key_mask, caches, positions)
         hooks = hooks_for(self)
         x = self.tok(input_ids)
