@@ -13,11 +13,16 @@ from reference import reference_mha
 B, TQ, TK, C, H = 2, 5, 7, 24, 6
 
 
+def widths(m: MultiHeadAttention):
+    """Rows of q, k and v in the packed projection (q | k | v, head by head)."""
+    return (m.num_heads * m.head_dim,) + (m.num_kv_heads * m.head_dim,) * 2
+
+
 def projection_weights(m: MultiHeadAttention):
     """(w_q, w_k, w_v, b_q, b_k, b_v) whatever the layout."""
     if m.packed:
-        ws = m.in_proj.weight.split(m._widths)
-        bs = (None,) * 3 if m.in_proj.bias is None else m.in_proj.bias.split(m._widths)
+        ws = m.in_proj.weight.split(widths(m))
+        bs = (None,) * 3 if m.in_proj.bias is None else m.in_proj.bias.split(widths(m))
     else:
         ws = (m.q_proj.weight, m.k_proj.weight, m.v_proj.weight)
         bs = (m.q_proj.bias, m.k_proj.bias, m.v_proj.bias)
@@ -124,7 +129,7 @@ def test_module_equals_functional_composition():
     m = MultiHeadAttention(C, H, num_kv_heads=3)
     x = torch.randn(B, TQ, C)
     qkv = F.linear(x, m.in_proj.weight, m.in_proj.bias)
-    q, k, v = qkv.split(m._widths, dim=-1)
+    q, k, v = qkv.split(widths(m), dim=-1)
     q = q.view(B, TQ, H, 4).transpose(1, 2)
     k = k.view(B, TQ, 3, 4).transpose(1, 2)
     v = v.view(B, TQ, 3, 4).transpose(1, 2)

@@ -86,10 +86,6 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], option: str = 
         raise
 
 
-def write_text_atomic(path: Path, text: str, option: str = "-o") -> None:
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")), option)
-
-
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

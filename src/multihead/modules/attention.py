@@ -122,7 +122,6 @@ class MultiHeadAttention(nn.Module):
             self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
         out_bias = bias if out_bias is None else out_bias
         self.out_proj = nn.Linear(q_width, embed_dim, bias=out_bias, **factory)
-        self._widths = (q_width, kv_width, kv_width)
         if position is not None:
             if not isinstance(position, PositionScheme):
                 raise TypeError(

@@ -124,8 +124,6 @@ class HeadParallel(ParallelStyle):
         out._apply(module.out_proj, device_mesh)
         module.position = _position_for_rank(module.position, split)
         module.num_heads, module.num_kv_heads = split.local_heads, split.local_kv_heads
-        D = module.head_dim
-        module._widths = (split.local_heads * D, split.local_kv_heads * D, split.local_kv_heads * D)
         object.__setattr__(module, "_tensor_parallel", heads)  # a plain attribute, not state
         module.register_forward_pre_hook(_copy_inputs_to_ranks, with_kwargs=True)
         module.register_forward_hook(_gather_weights)
