@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..metric_names import METRIC_NAMES
 from ..table import format_table
 from .errors import UsageError
 from .inputs import lines_of, read_text_file
@@ -32,27 +33,8 @@ DEFAULT_COLUMNS = (
 )
 
 
-# The per-head metrics of multihead.interpret.metrics.METRIC_NAMES, listed here so that
-# `--help` needs no torch import (a test keeps the two equal).
-METRICS = (
-    "previous",
-    "next",
-    "self",
-    "positional",
-    "positional_offset",
-    "special",
-    "punctuation",
-    "entropy",
-    "entropy_norm",
-    "confidence",
-    "confidence_content",
-    "duplicate",
-    "induction",
-    "previous_best",
-    "previous_distance",
-    "induction_best",
-    "induction_offset",
-)
+# The per-head metrics (a torch-free module: `--help` imports no torch).
+METRICS = METRIC_NAMES
 
 
 def add_arguments(parser) -> None:

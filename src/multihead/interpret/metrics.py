@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from ..metric_names import METRIC_NAMES  # noqa: F401  (re-exported: the metrics computed here)
+
 SPECIAL_TOKENS = frozenset({"[CLS]", "[SEP]", "<s>", "</s>", "[PAD]", "<pad>"})
 
 
@@ -368,24 +370,3 @@ def corpus_metrics(
         best, distance = best_offset(torch.stack(scans).mean(0), previous_distances)
         out["previous_best"], out["previous_distance"] = best, distance.double()
     return out
-
-
-METRIC_NAMES = (
-    "previous",
-    "next",
-    "self",
-    "positional",
-    "positional_offset",
-    "special",
-    "punctuation",
-    "entropy",
-    "entropy_norm",
-    "confidence",
-    "confidence_content",
-    "duplicate",
-    "induction",
-    "previous_best",
-    "previous_distance",
-    "induction_best",
-    "induction_offset",
-)
