@@ -72,6 +72,17 @@ def bert_like_config(f: Fields, *, pad_default: int, position_style: str) -> Ber
     f.refuse("is_decoder", lambda v: v is False, "a causal (decoder) BERT is not supported")
     f.refuse("quantization_config", lambda v: not v, "quantized weights are not supported")
     return BertConfig(
+        **bert_fields(f),
+        type_vocab_size=f.int("type_vocab_size", 2),
+        pad_token_id=f.int("pad_token_id", pad_default, minimum=0),
+        position_style=position_style,
+    )
+
+
+def bert_fields(f: Fields) -> dict:
+    """The sizes, activation, norm epsilon and dropouts, under the names (and defaults) that
+    BERT, RoBERTa and MPNet configs share."""
+    return dict(
         vocab_size=f.int("vocab_size"),
         hidden_size=f.int("hidden_size"),
         num_hidden_layers=f.int("num_hidden_layers"),
@@ -80,11 +91,8 @@ def bert_like_config(f: Fields, *, pad_default: int, position_style: str) -> Ber
         hidden_act=f.choice("hidden_act", "gelu", ACTIVATIONS),
         layer_norm_eps=f.number("layer_norm_eps", 1e-12),
         max_position_embeddings=f.int("max_position_embeddings", 512),
-        type_vocab_size=f.int("type_vocab_size", 2),
-        pad_token_id=f.int("pad_token_id", pad_default, minimum=0),
         hidden_dropout_prob=f.probability("hidden_dropout_prob", 0.1),
         attention_probs_dropout_prob=f.probability("attention_probs_dropout_prob", 0.1),
-        position_style=position_style,
     )
 
 

@@ -5,8 +5,8 @@ at 1 (real tokens count from 2, so 514 positions hold 512 tokens), whatever conf
 pad_token_id says; a config whose pad_token_id is not 1 is refused rather than half-followed.
 """
 
-from ...modules.feedforward import ACTIVATIONS
 from ..bert import BERT_IGNORED, renamer
+from ..bert.config import bert_fields
 from ..fields import Fields
 from ..keymap import Rule, pair
 from ..loading import Family
@@ -31,18 +31,9 @@ def mpnet_config(config: dict) -> MPNetConfig:
         "table of another size is ambiguous",
     )
     return MPNetConfig(
-        vocab_size=f.int("vocab_size"),
-        hidden_size=f.int("hidden_size"),
-        num_hidden_layers=f.int("num_hidden_layers"),
-        num_attention_heads=f.int("num_attention_heads"),
-        intermediate_size=f.int("intermediate_size"),
-        hidden_act=f.choice("hidden_act", "gelu", ACTIVATIONS),
-        layer_norm_eps=f.number("layer_norm_eps", 1e-12),
-        max_position_embeddings=f.int("max_position_embeddings", 512),
+        **bert_fields(f),
         type_vocab_size=0,
         pad_token_id=PADDING_ID,
-        hidden_dropout_prob=f.probability("hidden_dropout_prob", 0.1),
-        attention_probs_dropout_prob=f.probability("attention_probs_dropout_prob", 0.1),
         position_style="roberta",
         relative_attention_num_buckets=BUCKETS,
     )
