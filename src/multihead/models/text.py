@@ -125,7 +125,7 @@ class ModelTokenizer:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
     @overload
-    def encode(
+    def encode(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
         self, texts: str, prepend_bos: bool | None = None, *, append_eos: bool | None = None
     ) -> list[int]: ...
     @overload
@@ -153,10 +153,10 @@ class ModelTokenizer:
             raise ValueError(f"prepend_bos=True but tokenizer {self.name!r} has no BOS token")
         if eos and self.eos_id is None:
             raise ValueError(f"append_eos=True but tokenizer {self.name!r} has no EOS token")
-        head = [self.bos_id] if bos else []
-        tail = [self.eos_id] if eos else []
+        head = [self.bos_id] if bos and self.bos_id is not None else []
+        tail = [self.eos_id] if eos and self.eos_id is not None else []
         encodings = self._tokenizer.encode_batch(batch, add_special_tokens=False)
-        ids: list[list[int]] = [head + e.ids + tail for e in encodings]  # type: ignore[operator]
+        ids = [head + e.ids + tail for e in encodings]
         return ids[0] if single else ids
 
     def decode(self, ids: Any, *, skip_special_tokens: bool = False) -> str | list[str]:
