@@ -12,6 +12,7 @@ from .fields import unsupported_architecture
 from .gpt2 import GPT2
 from .llama import LLAMA
 from .loading import Family, load_model
+from .text import ModelTokenizer
 
 CAUSAL_LM_FAMILIES: dict[str, Family] = {
     "gpt2": GPT2,
@@ -32,7 +33,8 @@ def load_causal_lm(
 
     model_type gpt2, llama, mistral or qwen2. `dtype`: None keeps the checkpoint's (bfloat16
     weights stay bfloat16); `device`: where the weights are read to (default CPU). Every config
-    field that changes the computation is implemented or refused by name.
+    field that changes the computation is implemented or refused by name. The model carries
+    the directory's tokenizer as `model.tokenizer` (None without tokenizer.json).
     """
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
@@ -47,4 +49,12 @@ def load_causal_lm(
         raise unsupported_architecture(config, "load_causal_lm", list(CAUSAL_LM_FAMILIES))
     model = load_model(family, config, open_checkpoint(model_dir), dtype=dtype, device=device)
     assert isinstance(model, CausalLM)
+    model.tokenizer = tokenizer_in(model_dir)
     return model
+
+
+def tokenizer_in(model_dir: Path) -> ModelTokenizer | None:
+    """The directory's tokenizer (see ModelTokenizer.from_dir); None without tokenizer.json."""
+    if not (model_dir / "tokenizer.json").is_file():
+        return None
+    return ModelTokenizer.from_dir(model_dir)
