@@ -9,9 +9,9 @@ import json
 
 import pytest
 import torch
+
 from helpers_gpt2 import EOT, save_gpt2, write_sentencepiece_tokenizer
 from helpers_llama import save_causal
-
 from multihead.interpret import run_with_cache
 from multihead.models.text import ModelTokenizer
 from multihead.pretrained import load_causal_lm, load_encoder
