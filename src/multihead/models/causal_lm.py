@@ -34,9 +34,10 @@ def load_causal_lm(
 
     model_type (GGUF: general.architecture) gpt2, llama, mistral or qwen2. A GGUF model
     carries the tokenizer its metadata describes as `model.tokenizer`; its quantised weights
-    are dequantised tensor by tensor into `dtype` (None: float32). `dtype`: None keeps the checkpoint's (bfloat16
-    weights stay bfloat16); `device`: where the weights are read to (default CPU). Every config
-    field that changes the computation is implemented or refused by name.
+    are dequantised tensor by tensor into `dtype` (None: float32). `dtype`: None keeps the
+    checkpoint's (bfloat16 weights stay bfloat16); `device`: where the weights are read to
+    (default CPU). Every config field that changes the computation is implemented or refused
+    by name.
     """
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
