@@ -48,6 +48,9 @@ def read_gguf(path: str | Path) -> tuple[GGUFFile, Metadata, dict]:
             f"loads GGUF architectures {', '.join(map(repr, GGUF_ARCHITECTURES))}"
         )
     config = GGUF_ARCHITECTURES[arch][0](meta, set(file.tensors))
+    embedding = file.tensors.get("token_embd.weight")
+    if config.get("vocab_size") is None and embedding is not None:  # no vocab_size, no tokens
+        config["vocab_size"] = embedding.shape[0]
     return file, meta, config
 
 
