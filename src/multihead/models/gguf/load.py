@@ -74,7 +74,13 @@ def load_gguf_causal_lm(
         meta.values.pop(key, None)
     checkpoint = GGUFCheckpoint(file, GGUF_ARCHITECTURES[str(meta.arch)][1](meta, config))
     family = CAUSAL_LM_FAMILIES[config["model_type"]]
-    model = load_model(family, config, checkpoint, dtype=dtype, device=device)
+    try:
+        model = load_model(family, config, checkpoint, dtype=dtype, device=device)
+    except ValueError as e:  # metadata and tensors disagree: say which file
+        message = str(e)
+        raise ValueError(
+            message if meta.source in message else f"{meta.source}: {message}"
+        ) from None
     assert isinstance(model, CausalLM)
     model.tokenizer = tokenizer
     return model
