@@ -60,7 +60,8 @@ class SentenceEncoder(nn.Module, TextMethods):
             )
         self.model = model
         if not isinstance(tokenizer, ModelTokenizer):
-            tokenizer = ModelTokenizer.from_tokenizer(tokenizer, pad_id=pad_token_id)
+            name = "" if source is None else Path(source).name
+            tokenizer = ModelTokenizer.from_tokenizer(tokenizer, pad_id=pad_token_id, name=name)
         self.tokenizer: ModelTokenizer = tokenizer
         self.max_seq_length = max_seq_length
         self.normalize = normalize
