@@ -207,12 +207,16 @@ def test_similarity(capsys):
 
 def test_bench_embed_small_corpus_prints_ratio_and_agreement(capsys):
     pytest.importorskip("sentence_transformers")
-    assert main(["bench", "embed", "--sentences", "40", "--repeats", "2"]) == 0
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    args = ["bench", "embed", "--sentences", "40", "--repeats", "2", "--texts", "short"]
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert "40 standard-library docstring sentences" in out
-    assert "speed-up:" in out and "within a round:" in out
-    cosine = float(out.split("min cosine ")[1].split(",")[0])
-    assert cosine >= 0.99999
+    assert "speed-up vs sentence-transformers:" in out and "within a round:" in out
+    assert "speed-up vs onnxruntime:" in out and "ORT_ENABLE_ALL" in out
+    cosines = [float(part.split(",")[0]) for part in out.split("min cosine ")[1:]]
+    assert len(cosines) == 2 and min(cosines) >= 0.99999
 
 
 def test_progress_goes_to_a_terminal_only(capsys):

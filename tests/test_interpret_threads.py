@@ -133,12 +133,12 @@ def test_a_gated_thread_and_an_ungated_thread_on_one_model():
     assert torch.equal(got["gated"], gated_alone)
 
 
-def test_gates_reach_encode_worker_threads(tmp_path):
+def test_observed_encode_runs_each_text_in_the_calling_thread(tmp_path):
+    """Under hooks (head_gates, hooks(), capture), encode runs each text alone, in order, in the
+    calling thread (no packed worker batches: observers see one text's (1, T) activations in
+    input order), with the same gated result whatever the thread settings."""
     from multihead.pretrained import load_encoder
-    from multihead.pretrained.batches import _openmp
 
-    if not _openmp():
-        pytest.skip("encode uses worker threads only with OpenMP intra-op threads")
     save_bert(tmp_path, hidden_size=30, num_attention_heads=5, num_hidden_layers=2)
     enc = load_encoder(tmp_path)
     words = ["the cat sat on the mat", "dog run fast", "a b c d e f g h i j k l m", "cat !"]
@@ -147,24 +147,22 @@ def test_gates_reach_encode_worker_threads(tmp_path):
     gates[0, 1] = gates[1, 3] = 0
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)  # encode runs every batch in this thread
+        torch.set_num_threads(1)
         with head_gates(enc, gates):
             single = enc.encode(texts, batch_size=1)
-        torch.set_num_threads(2)  # two single-threaded workers share the batches
-        workers = set()
-        both_inside = threading.Barrier(2, timeout=WAIT)
+        torch.set_num_threads(2)  # unobserved, two single-threaded workers would share batches
+        seen: list[tuple[int, int]] = []
 
-        def note_thread(z, name):  # each worker waits, once, until the other is mid-forward too
-            if threading.get_ident() not in workers:
-                workers.add(threading.get_ident())
-                both_inside.wait()
+        def note(z, name):
+            seen.append((threading.get_ident(), z.shape[1]))
 
-        with head_gates(enc, gates), hooks(enc, [(act_name("z", 0), note_thread)]):
+        with head_gates(enc, gates), hooks(enc, [(act_name("z", 0), note)]):
             multi = enc.encode(texts, batch_size=1)
         ungated = enc.encode(texts, batch_size=1)
     finally:
         torch.set_num_threads(threads)
-    assert len(workers) == 2 and threading.get_ident() not in workers
+    assert {t for t, _ in seen} == {threading.get_ident()}
+    assert [n for _, n in seen] == [len(ids) for ids in enc.tokenize(texts)]
     torch.testing.assert_close(multi, single, atol=1e-6, rtol=1e-5)
     assert abs(multi - ungated).max() > 1e-3
 

@@ -219,3 +219,12 @@ def hooks_for(module: Any) -> ModuleHooks | None:
     if not found:
         return None
     return found[0] if len(found) == 1 else ModuleHooks.merge(found)
+
+
+def observed(model: nn.Module) -> bool:
+    """Whether a session open in this context covers any module of `model` (calls that run a
+    model several times, `SentenceEncoder.encode` and `generate`, then run it the way the
+    hooks can see: one text at a time, no compiled steps)."""
+    if torch.compiler.is_compiling() or not _SESSIONS.get():
+        return False
+    return any(hooks_for(m) is not None for m in model.modules())

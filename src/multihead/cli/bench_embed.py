@@ -1,5 +1,5 @@
-"""`multihead bench embed`: sentence embeddings, multihead vs sentence-transformers on the same
-model directory."""
+"""`multihead bench embed`: sentence embeddings, multihead vs sentence-transformers and ONNX
+Runtime on the same model directory."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from .model_dir import DEFAULT_MODEL, check_model
 from .parsing import positive_int
 
 NAME = "embed"
-HELP = "sentence embeddings: multihead vs sentence-transformers, same model"
+HELP = "sentence embeddings: multihead vs sentence-transformers and ONNX Runtime, same model"
 
 
 def add_arguments(parser) -> None:
@@ -26,6 +26,17 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--repeats", type=positive_int, default=3, help="runs per encoder (default 3)"
+    )
+    parser.add_argument(
+        "--texts",
+        choices=("short", "long", "both"),
+        default="both",
+        help="short sentences (~13 tokens), long texts (~241 tokens) or both (default both)",
+    )
+    parser.add_argument(
+        "--no-onnx",
+        action="store_true",
+        help="leave out the ONNX Runtime peer (it exports the model first, ~10-30 s)",
     )
     add_device(parser)
     add_common(parser)
@@ -46,6 +57,8 @@ def run(args) -> int:
             repeats=args.repeats,
             device=args.device,
             dtype=args.dtype,
+            corpora=("short", "long") if args.texts == "both" else (args.texts,),
+            onnx=not args.no_onnx,
         )
     )
     return 0

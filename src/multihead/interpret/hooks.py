@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hook_points import HookFn, HookSession, hook_point_names
+from .steps import call_target, combine, ran
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
@@ -126,10 +127,11 @@ def run_with_hooks(
     **kwargs: Any,
 ) -> Any:
     """`model(*inputs, **kwargs)` with `fwd_hooks`: [(name or predicate, fn(activation, name))].
-    A torch.compile(...) model runs its eager module (compiled graphs carry no hooks)."""
-    model = unwrap(model)
-    with hooks(model, fwd_hooks):
-        return model(*inputs, **kwargs)
+    A torch.compile(...) model runs its eager module (compiled graphs carry no hooks).
+    `model` may be a bound method (`model.generate`, `encoder.encode`): see `interpret.steps`."""
+    module, call = call_target(model, unwrap)
+    with hooks(module, fwd_hooks):
+        return ran(call(*inputs, **kwargs), call)
 
 
 class ActivationCache(Mapping[str, Tensor]):
@@ -187,16 +189,19 @@ def run_with_cache(
 
     `names`: a name, a list of names or a predicate; default every hook point except
     `hook_result` (ask for it by name). `device`: where to keep them (default: where they are).
-    The model computes exactly what it computes without the cache.
+    The model computes exactly what it computes without the cache. `model` may be a bound
+    method that runs the model several times: `model.generate` gives one cache over the
+    generated sequence, `encoder.encode` a list of caches, one per text (see `interpret.steps`).
     """
-    model = unwrap(model)
+    model, call = call_target(model, unwrap)
     selected = _select(model, names, default_all=True)
-    store: dict[str, Tensor] = {}
+    store: dict[str, list[Tensor]] = {}
 
     def save(activation: Tensor, name: str) -> None:
-        store[name] = activation.detach() if device is None else activation.detach().to(device)
+        kept = activation.detach() if device is None else activation.detach().to(device)
+        store.setdefault(name, []).append(kept)
 
     session = HookSession(model, [(n, save) for n in selected], writes=False)
     with session.active():
-        out = model(*inputs, **kwargs)
-    return out, ActivationCache(store)
+        out = ran(call(*inputs, **kwargs), call)
+    return out, combine(call, store)

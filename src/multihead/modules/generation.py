@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional import masks
+from ..hook_points import observed
 from ..value_checks import check_token_ids
 from .sampling import check_sampling, sample
 
@@ -91,9 +92,15 @@ def _prefill(
     caches: Caches,
     head: Tensor | None,
 ) -> Tensor:
-    """Fill the caches with the prompts (B, P); the logits (B, V) of the last position."""
+    """Fill the caches with the prompts (B, P); the logits (B, V) of the last position.
+    Under hooks every position goes through the final norm, so that hook shows the prompt's
+    positions as the other hook points do (see `interpret.steps`)."""
     h = model.hidden_states(
-        ids, attention_mask=attention_mask, caches=caches, positions=positions, last_only=True
+        ids,
+        attention_mask=attention_mask,
+        caches=caches,
+        positions=positions,
+        last_only=not observed(model),
     )
     return _logits(model, h[:, -1], head)
 
@@ -197,6 +204,11 @@ def generate_stream(
         raise ValueError(
             f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) is longer "
             f"than the position table ({config.max_positions} positions)"
+        )
+    if compile is not False and observed(model):
+        raise ValueError(
+            "generate(compile=...) runs compiled steps, which carry no hooks: inside capture, "
+            "hooks() or run_with_cache, generate with compile=False"
         )
     device = prompt_ids.device
     every = eos_check_every or (1 if device.type == "cpu" else 8)

@@ -25,7 +25,7 @@ from .block import TransformerBlock, make_blocks
 from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
-from .text import TextMethods, is_text
+from .text import TextMethods, caches_as, is_text
 
 
 @dataclass(frozen=True)
@@ -326,6 +326,7 @@ class CausalLM(nn.Module, TextMethods):
         compile)."""
         return generation.generate_stream(self, prompt_ids, max_new_tokens, **kwargs)
 
+    @caches_as("positions")
     def generate(self, prompt_ids: Tensor | str | list[str], max_new_tokens: int, **kwargs):
         """(B, P + new): the prompts followed by the generated tokens (see generate_stream).
         Text prompts give text back (see `TextMethods.generate_text`)."""

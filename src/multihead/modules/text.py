@@ -34,6 +34,19 @@ if TYPE_CHECKING:
 PADDING_SIDES = ("right", "left")
 
 
+def caches_as(kind: str) -> Any:
+    """See `multihead.interpret.steps.caches_as` (imported when first used: modules do not
+    import interpret)."""
+
+    def mark(fn: Any) -> Any:
+        if kind not in ("positions", "sequences"):
+            raise ValueError(f"kind must be 'positions' or 'sequences', got {kind!r}")
+        fn.cache_steps = kind
+        return fn
+
+    return mark
+
+
 def is_text(x: object) -> bool:
     """A str or a non-empty list/tuple of str."""
     return isinstance(x, str) or (

@@ -21,9 +21,10 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from ..functional.varlen import VarLen
+from ..hook_points import observed
 from ..models.bert import BertEncoder, EncoderOutput
 from ..models.text import ModelTokenizer
-from ..modules.text import TextMethods, is_text
+from ..modules.text import TextMethods, caches_as, is_text
 from .batches import TOKENS_PER_TEXT, run_batches, token_batches
 from .pooling import POOLING_MODES, pool_packed, pool_padded
 from .tokenizer import encode_ids
@@ -59,7 +60,8 @@ class SentenceEncoder(nn.Module, TextMethods):
             )
         self.model = model
         if not isinstance(tokenizer, ModelTokenizer):
-            tokenizer = ModelTokenizer.from_tokenizer(tokenizer, pad_id=pad_token_id)
+            name = "" if source is None else Path(source).name
+            tokenizer = ModelTokenizer.from_tokenizer(tokenizer, pad_id=pad_token_id, name=name)
         self.tokenizer: ModelTokenizer = tokenizer
         self.max_seq_length = max_seq_length
         self.normalize = normalize
@@ -138,6 +140,7 @@ class SentenceEncoder(nn.Module, TextMethods):
         """The model's own pooling (see `pooling`): (B, T, C), (B, T) -> (B, dim)."""
         return pool_padded(hidden, attention_mask, self.pooling)
 
+    @caches_as("sequences")
     def encode(
         self,
         sentences: str | list[str],
@@ -183,9 +186,13 @@ class SentenceEncoder(nn.Module, TextMethods):
         normalize = self.normalize or bool(normalize_embeddings)
 
         out = torch.empty(len(texts), self.dim)
-        if texts:
-            ids = self.tokenize([str(t) for t in texts], max_seq_length)
-            self._check_vocabulary(ids)
+        ids = self.tokenize([str(t) for t in texts], max_seq_length) if texts else []
+        self._check_vocabulary(ids)
+        if ids and observed(self.model):  # hooks see each text alone, in order (no packing)
+            with torch.inference_mode():
+                for i, row in enumerate(ids):
+                    out[i] = self._embed_alone(row, normalize)
+        elif ids:
             order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first
             batches = token_batches(order, [len(x) for x in ids], batch_size * TOKENS_PER_TEXT)
 
@@ -214,6 +221,19 @@ class SentenceEncoder(nn.Module, TextMethods):
         if normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.float().cpu()
+
+    def _embed_alone(self, ids: list[int], normalize: bool) -> Tensor:
+        """The pooled embedding (dim,) of one text run as a (1, T) batch: what `encode` runs
+        while hooks observe the model, so that every hook point shows one text's (1, T, ...)
+        activations and its (1, H, T, T) pattern, in input order (packed batches have no
+        per-text pattern, and run in worker threads in length order)."""
+        input_ids = torch.tensor([ids], device=self.device)
+        mask = torch.ones_like(input_ids)
+        hidden = self.model(input_ids).last_hidden_state  # (1, T, C)
+        pooled = pool_padded(hidden, mask, self.pooling)  # (1, dim)
+        if normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled[0].float().cpu()
 
     def _check_vocabulary(self, ids: list[list[int]]) -> None:
         """The tokenizer's ids fit the model's embedding table (checked on the Python lists,
