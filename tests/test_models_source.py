@@ -149,3 +149,15 @@ def test_cli_reports_an_absent_hub_id_in_one_line(hub, capsys, tmp_path):
     assert len(err) == 1 and err[0].startswith("multihead: error: --model 'org/absent'")
     assert "hf download org/absent" in err[0]
     assert not (tmp_path / "r.html").exists()
+
+
+def test_multihead_load_picks_the_family_from_the_checkpoint(tmp_path):
+    encoder = multihead.load()  # the packaged all-MiniLM-L6-v2
+    assert type(encoder).__name__ == "SentenceEncoder"
+    assert encoder.encode(["a cat"]).shape == (1, 384)
+    save_causal(tmp_path / "lm", "mistral-window")
+    assert type(multihead.load(tmp_path / "lm")).__name__ == "CausalLM"
+    (tmp_path / "t5").mkdir()
+    (tmp_path / "t5" / "config.json").write_text('{"model_type": "t5"}')
+    with pytest.raises(ValueError, match="unsupported architecture: model_type 't5'"):
+        multihead.load(tmp_path / "t5")
