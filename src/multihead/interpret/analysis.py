@@ -113,7 +113,7 @@ class Analysis:
         return any(t.content_tokens >= MIN_CONTENT_TOKENS for t in self.texts)
 
 
-def _attention_of(subject: Subject, ids: list[int]) -> Tensor:
+def attention_of(subject: Subject, ids: list[int]) -> Tensor:
     """(L, H, T, T) weights of one unpadded token sequence, via `capture`."""
     with torch.inference_mode(), capture(subject.model, keep_qkv=False) as records:
         subject.run(ids)
@@ -137,7 +137,7 @@ def text_attention(model, text: str, *, max_tokens: int | None = None) -> TextAt
 def _text_attention(subject: Subject, text: str, limit: int) -> TextAttention:
     encoded = subject.encode(text, limit)
     ids = encoded.ids
-    attn = _attention_of(subject, ids).float()  # (L, H, T, T)
+    attn = attention_of(subject, ids).float()  # (L, H, T, T)
     tokens = subject.token_strings(ids)
     return TextAttention(
         tokens,
@@ -185,7 +185,7 @@ def copy_probe(
         filler = subject.random_tokens(rng, rng.randint(1, length))
         ids = [*subject.prefix, *seq, *filler, *seq, *subject.suffix]
         first = len(subject.prefix)
-        attn = _attention_of(subject, ids)
+        attn = attention_of(subject, ids)
         second = first + length + len(filler)
         scans.append(copy_mass_by_offset(attn, first, second, length, scanned))
     mean = torch.stack(scans).mean(0).float()  # (O, L, H)
