@@ -180,8 +180,16 @@ def summarize(
         offset, base = best_offset(t.offsets)
         rows.append(
             RelationScore(
-                rel, direction, n, int(layer), int(head), float(per_head[layer, head]), ci,
-                offset, base, per_head,
+                rel,
+                direction,
+                n,
+                int(layer),
+                int(head),
+                float(per_head[layer, head]),
+                ci,
+                offset,
+                base,
+                per_head,
             )
         )
     rows.sort(key=lambda r: (-r.margin, r.relation, r.direction))

@@ -17,7 +17,11 @@ class ParserUnavailable(RuntimeError):
 def sentences_from_doc(doc) -> list[Sentence]:
     """One Sentence per sentence of a parsed Doc (a Doc built with words/heads/deps counts as
     one sentence when it has no sentence boundaries)."""
-    spans = list(doc.sents) if doc.has_annotation("SENT_START") or doc.has_annotation("DEP") else [doc[:]]
+    spans = (
+        list(doc.sents)
+        if doc.has_annotation("SENT_START") or doc.has_annotation("DEP")
+        else [doc[:]]
+    )
     out = []
     for number, span in enumerate(spans, 1):
         start = span.start
