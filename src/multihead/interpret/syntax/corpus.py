@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The UD v2 universal relations (subtypes like nsubj:pass add ":something" to one of these).
-UD_RELATIONS = frozenset(
-    "acl advcl advmod amod appos aux case cc ccomp clf compound conj cop csubj dep det "
-    "discourse dislocated expl fixed flat goeswith iobj list mark nmod nsubj nummod obj obl "
-    "orphan parataxis punct reparandum root vocative xcomp".split()
-)
+_UD = """acl advcl advmod amod appos aux case cc ccomp clf compound conj cop csubj dep det
+discourse dislocated expl fixed flat goeswith iobj list mark nmod nsubj nummod obj obl orphan
+parataxis punct reparandum root vocative xcomp"""
+UD_RELATIONS = frozenset(_UD.split())
 # Relations never scored: punctuation attaches by convention, not by grammar; the root has no
 # head word. spaCy's English labels name them "punct" and "ROOT".
 UNSCORED = frozenset({"punct", "root", "ROOT"})
@@ -80,7 +79,8 @@ def check_tree(words, heads, relations, where: str) -> None:
     if len(roots) != 1:
         raise CorpusError(f"{where}: {len(roots)} roots (words {roots}), a tree has exactly one")
     for start in range(1, n + 1):
-        seen, node = set(), start
+        seen: set[int] = set()
+        node = start
         while node != 0:
             if node in seen:
                 raise CorpusError(f"{where}: the heads of words {sorted(seen)} form a cycle")
@@ -139,7 +139,9 @@ def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
 
 
 def _sentence(tokens, where: str) -> Sentence:
-    words, heads, relations = [], [], []
+    words: list[str] = []
+    heads: list[int] = []
+    relations: list[str] = []
     pieces: list[tuple[str, int, int, bool]] = []
     covered_to = 0  # the last word id a multiword token covers
     for tok in tokens:

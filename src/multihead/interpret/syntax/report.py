@@ -37,7 +37,7 @@ def _table(result: SyntaxResult) -> str:
     body = "".join(
         f"<tr><td>{escape(r.relation)}</td><td>{r.direction}</td><td>{r.count}</td>"
         f"<td>L{r.layer} H{r.head}</td><td>{r.accuracy:.3f}</td>"
-        f"<td>{r.ci[0]:.3f}–{r.ci[1]:.3f}</td><td>{r.baseline_offset:+d}</td>"
+        f"<td>{r.ci[0]:.3f}-{r.ci[1]:.3f}</td><td>{r.baseline_offset:+d}</td>"
         f"<td>{r.baseline_accuracy:.3f}</td><td>{r.margin:+.3f}</td></tr>"
         for r in result.rows
     )
@@ -79,7 +79,8 @@ def _sentence_svg(result: SyntaxResult, index: int, row: RelationScore) -> str |
         parts.append(_arc(xs[q], xs[p], base + 8, False, "ok" if p == t else "bad"))
     marker = (
         '<defs><marker id="a" viewBox="0 0 6 6" refX="5" refY="3" markerWidth="6" '
-        'markerHeight="6" orient="auto"><path d="M0,0L6,3L0,6" style="stroke:#555"/></marker></defs>'
+        'markerHeight="6" orient="auto"><path d="M0,0L6,3L0,6" style="stroke:#555"/>'
+        "</marker></defs>"
     )
     return (
         f'<div class="s"><svg width="{at + PAD:.0f}" height="170">{marker}{"".join(parts)}'

@@ -98,7 +98,7 @@ def tally(
                 mine[(rel, direction)] = (right + (pred[:, :, q] == t), n + 1, [*offsets, t - q])
         local.append(mine)
     keys = sorted({key for mine in local for key in mine})
-    none = (np.zeros(shape), 0, [])
+    none: tuple[np.ndarray, int, list[int]] = (np.zeros(shape), 0, [])
     tallies = {
         key: Tally(
             [m.get(key, none)[0] for m in local],

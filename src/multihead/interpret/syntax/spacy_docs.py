@@ -48,9 +48,10 @@ def load_parser(name: str):
     except OSError:
         installed = sorted(spacy.util.get_installed_models())
         have = f"installed: {', '.join(installed)}" if installed else "none is installed"
+        example = name if name.startswith(("en_", "de_")) else "en_core_web_sm"
         raise ParserUnavailable(
             f"no spaCy pipeline named {name!r} ({have}); install one with "
-            f"python -m spacy download {name if name.startswith(('en_', 'de_')) else 'en_core_web_sm'}"
+            f"python -m spacy download {example}"
         ) from None
 
 
