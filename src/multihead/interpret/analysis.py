@@ -120,6 +120,15 @@ def attention_of(subject: Subject, ids: list[int]) -> Tensor:
     return torch.stack([r.weights[0] for r in records]).cpu()
 
 
+def attention_of_batch(subject: Subject, batch: list[list[int]]) -> list[Tensor]:
+    """(L, H, T_i, T_i) weights of each sequence of `batch`, from one padded forward (padding
+    masked out as keys, so each equals the sequence's own forward up to rounding)."""
+    with torch.inference_mode(), capture(subject.model, keep_qkv=False) as records:
+        subject.run_batch(batch)
+    stacked = torch.stack([r.weights for r in records]).cpu()  # (L, B, H, T, T)
+    return [stacked[:, b, :, : len(ids), : len(ids)] for b, ids in enumerate(batch)]
+
+
 def token_limit(model, max_tokens: int | None = None) -> int:
     """The number of tokens a text is cut to: the model's own length (256 for MiniLM and,
     by default, for causal LMs) unless `max_tokens` asks for another, up to its position table
@@ -179,15 +188,19 @@ def copy_probe(
         )
     rng = random.Random(seed)
     scanned = sorted({0, 1, *offsets})
-    scans = []  # (O, L, H) per trial
-    for _ in progress(range(trials), "random-token probe", trials):
+    trials_ids, seconds = [], []
+    for _ in range(trials):  # the same draws, in the same order, as one forward per trial took
         seq = subject.random_tokens(rng, length)
         filler = subject.random_tokens(rng, rng.randint(1, length))
-        ids = [*subject.prefix, *seq, *filler, *seq, *subject.suffix]
-        first = len(subject.prefix)
-        attn = attention_of(subject, ids)
-        second = first + length + len(filler)
-        scans.append(copy_mass_by_offset(attn, first, second, length, scanned))
+        trials_ids.append([*subject.prefix, *seq, *filler, *seq, *subject.suffix])
+        seconds.append(len(subject.prefix) + length + len(filler))
+    first = len(subject.prefix)
+    # every trial in one padded forward (8 sequences of up to 3 * length + 2 tokens)
+    (patterns,) = progress([attention_of_batch(subject, trials_ids)], "random-token probe", 1)
+    scans = [  # (O, L, H) per trial
+        copy_mass_by_offset(attn, first, second, length, scanned)
+        for attn, second in zip(patterns, seconds, strict=True)
+    ]
     mean = torch.stack(scans).mean(0).float()  # (O, L, H)
     best, offset = best_offset(mean[[scanned.index(o) for o in offsets]], offsets)
     return {

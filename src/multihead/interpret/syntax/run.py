@@ -126,20 +126,22 @@ def syntax_scores(
     max_tokens: int | None = None,
     resamples: int = 1000,
     seed: int = 0,
+    batch_size: int = 16,
     progress: Progress | None = None,
 ) -> SyntaxResult:
     """Every head of `model` (a Subject or SentenceEncoder) scored on every relation of
     `sentences`. Sentences longer than `token_limit(max_tokens)` tokens are skipped and counted
-    in `SyntaxResult.skipped`, as are sentences with a word that maps to no token."""
-    from ..analysis import attention_of
+    in `SyntaxResult.skipped`, as are sentences with a word that maps to no token. Sentences
+    run `batch_size` at a time, right-padded with the padding masked out as keys."""
+    from ..analysis import attention_of_batch
     from ..subject import as_subject
 
     subject = as_subject(model)
     limit = subject.token_limit(max_tokens)
     wrap = progress or (lambda items, desc, total: items)
     skipped: dict[str, list[str]] = {}
-    items = []
-    for number, sentence in enumerate(wrap(sentences, "sentences", len(sentences)), 1):
+    encoded = []
+    for number, sentence in enumerate(sentences, 1):
         label = sentence.sent_id or f"sentence {number}"
         try:
             ids, groups = encode_sentence(subject, sentence)
@@ -149,7 +151,13 @@ def syntax_scores(
         if len(ids) > limit:
             skipped.setdefault(f"longer than the model's {limit} tokens", []).append(label)
             continue
-        items.append((sentence, attention_of(subject, ids).double().numpy(), groups))
+        encoded.append((sentence, ids, groups))
+    items = []
+    chunks = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
+    for chunk in wrap(chunks, "sentence batches", len(chunks)):
+        patterns = attention_of_batch(subject, [ids for _, ids, _ in chunk])
+        for (sentence, _, groups), attn in zip(chunk, patterns, strict=True):
+            items.append((sentence, attn.double().numpy(), groups))
     if not items:
         reasons = "; ".join(f"{len(v)} {k}" for k, v in skipped.items())
         raise ValueError(f"no sentence could be scored ({reasons or 'the corpus is empty'})")
