@@ -10,8 +10,13 @@ import torch
 from helpers_bert import save_bert
 from helpers_gpt2 import save_gpt2
 from multihead.interpret.subject import load_subject
-from multihead.interpret.syntax import DIRECTIONS, Sentence, read_conllu, shipped_corpus
-from multihead.interpret.syntax import syntax_scores
+from multihead.interpret.syntax import (
+    DIRECTIONS,
+    Sentence,
+    read_conllu,
+    shipped_corpus,
+    syntax_scores,
+)
 
 pytest.importorskip("transformers")
 

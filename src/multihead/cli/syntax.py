@@ -137,7 +137,9 @@ def print_table(result, min_count: int) -> None:
         f"{result.words} words"
     )
     for reason, names in result.skipped.items():
-        print(f"skipped {len(names)} sentences: {reason} ({', '.join(names[:5])}…)")
+        more = ", …" if len(names) > 5 else ""
+        n = len(names)
+        print(f"skipped {n} sentence{'s' * (n != 1)}: {reason} ({', '.join(names[:5])}{more})")
     if result.causal:
         for direction, lost in result.dropped.items():
             kept = result.scored_pairs.get(direction, 0)

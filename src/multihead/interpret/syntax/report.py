@@ -35,7 +35,7 @@ def _table(result: SyntaxResult) -> str:
         )
     )
     body = "".join(
-        f"<tr><td>{escape(r.relation)}</td><td>{r.direction}</td><td>{r.count}</td>"
+        f"<tr><td>{escape(r.relation)}</td><td>{escape(r.direction)}</td><td>{r.count}</td>"
         f"<td>L{r.layer} H{r.head}</td><td>{r.accuracy:.3f}</td>"
         f"<td>{r.ci[0]:.3f}-{r.ci[1]:.3f}</td><td>{r.baseline_offset:+d}</td>"
         f"<td>{r.baseline_accuracy:.3f}</td><td>{r.margin:+.3f}</td></tr>"
@@ -112,7 +112,7 @@ def html_page(result: SyntaxResult, show: str | None = None) -> str:
         f"<p>{L} layers x {H} heads, {len(result.sentences)} sentences, {result.words} words. "
         f"Accuracy: how often the head's most-attended word is the target; baseline: the best "
         f"fixed offset; 95% CI: bootstrap over sentences.</p>{_table(result)}"
-        f"<h2>{escape(row.relation)} ({row.direction}): L{row.layer} H{row.head}</h2>"
+        f"<h2>{escape(row.relation)} ({escape(row.direction)}): L{row.layer} H{row.head}</h2>"
         f"<p>Above, blue: the annotated arcs (query to target). Below: where the head looks "
         f"from each query, green when it is the target, red when not.</p>"
         f"{''.join(svgs[:MAX_SENTENCES])}{note}</body></html>"
