@@ -27,6 +27,8 @@ from .metrics import (
     best_offset,
     copy_mass_by_offset,
     corpus_metrics,
+    head_metrics,
+    previous_by_distance,
 )
 from .roles import RULES, SOURCES, HeadRole, RoleRule, head_roles
 from .subject import Subject, as_subject
@@ -101,6 +103,10 @@ class Analysis:
     causal: bool = False  # causal patterns: only the lower triangle (keys <= query) holds weight
     undefined: dict[str, str] = field(default_factory=dict)  # metric -> why it is n/a here
     sink_label: str = "[CLS]/[SEP]"  # the tokens the "special" (sink) metric measured
+    # metric -> (low, high) (L, H): 95% bootstrap intervals of the mean over the texts (text
+    # roles) or over the probe's trials (probe roles), when several texts were analysed; a role
+    # is then given only where the low bound clears its threshold
+    intervals: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -177,7 +183,19 @@ def copy_probe(
     The filler's length is random (1 .. length) in each trial, so a head attending at a fixed
     offset cannot score as an induction head by matching the period.
     """
-    subject = as_subject(model)
+    metrics, _ = _run_probe(as_subject(model), length, trials, seed, offsets, progress)
+    return metrics
+
+
+def _run_probe(
+    subject: Subject,
+    length: int,
+    trials: int,
+    seed: int,
+    offsets: Sequence[int],
+    progress: Progress,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """`copy_probe`'s metrics, and the per-trial values (trials, L, H) of those giving roles."""
     if length < 2 or trials < 1:
         raise ValueError(f"the probe needs length >= 2 and trials >= 1, got {length}, {trials}")
     if length > probe_length(subject, length):
@@ -197,18 +215,60 @@ def copy_probe(
     first = len(subject.prefix)
     # every trial in one padded forward (8 sequences of up to 3 * length + 2 tokens)
     (patterns,) = progress([attention_of_batch(subject, trials_ids)], "random-token probe", 1)
-    scans = [  # (O, L, H) per trial
-        copy_mass_by_offset(attn, first, second, length, scanned)
-        for attn, second in zip(patterns, seconds, strict=True)
-    ]
-    mean = torch.stack(scans).mean(0).float()  # (O, L, H)
+    scans = torch.stack(
+        [
+            copy_mass_by_offset(attn, first, second, length, scanned)
+            for attn, second in zip(patterns, seconds, strict=True)
+        ]
+    ).float()  # (trials, O, L, H)
+    return _probe_metrics(scans, scanned, offsets)
+
+
+def _probe_metrics(
+    scans: Tensor, scanned: list[int], offsets: Sequence[int]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Probe metrics from per-trial scans (trials, O, L, H): their means over trials, and
+    the per-trial values (trials, L, H) of the metrics that give roles (for intervals)."""
+    mean = scans.mean(0)  # (O, L, H)
     best, offset = best_offset(mean[[scanned.index(o) for o in offsets]], offsets)
-    return {
+    rows = torch.tensor([scanned.index(o) for o in offsets])[offset_index(offset, offsets)]
+    per_trial = {
+        "duplicate": scans[:, scanned.index(0)],
+        "induction": scans[:, scanned.index(1)],
+        "induction_best": scans.gather(1, rows[None, None].expand(len(scans), 1, *rows.shape))[
+            :, 0
+        ],
+    }
+    metrics = {
         "duplicate": mean[scanned.index(0)],
         "induction": mean[scanned.index(1)],
         "induction_best": best,
         "induction_offset": offset.float(),
     }
+    return metrics, per_trial
+
+
+def offset_index(chosen: Tensor, offsets: Sequence[int]) -> Tensor:
+    """(L, H) offsets -> (L, H) their indices in `offsets`."""
+    table = torch.tensor(list(offsets))
+    return (chosen.long()[..., None] == table).long().argmax(-1)
+
+
+def bootstrap_mean_interval(
+    values: Tensor, *, resamples: int = 1000, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """95% percentile interval of the mean over the first axis of `values` (N, L, H), the N
+    items resampled with replacement (a seeded generator: the same values give the same
+    interval): (low, high), each (L, H)."""
+    N = values.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, N, (resamples, N), generator=g)
+    counts = torch.zeros(resamples, N, dtype=torch.float64)
+    counts.scatter_add_(1, picks, torch.ones(resamples, N, dtype=torch.float64))
+    means = counts @ values.reshape(N, -1).double() / N  # (R, L*H)
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
+    shape = values.shape[1:]
+    return low.reshape(shape).float(), high.reshape(shape).float()
 
 
 def probe_length(subject, wanted: int = 16) -> int:
@@ -216,6 +276,26 @@ def probe_length(subject, wanted: int = 16) -> int:
     R and the special tokens around it, fits the model's position table."""
     room = subject.max_positions - len(subject.prefix) - len(subject.suffix)
     return min(wanted, room // 3)
+
+
+def _per_text(
+    items: list[TextAttention], causal: bool, distances: Sequence[int], metrics: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """Each text's value (N, L, H) of the metrics that give text roles; "previous_best" at the
+    distance chosen over the corpus (`metrics["previous_distance"]`)."""
+    wanted = {r.metric for r in RULES if r.source == "text"} | {"previous"}
+    rows: dict[str, list[Tensor]] = {}
+    chosen = None
+    if "previous_distance" in metrics:
+        chosen = offset_index(metrics["previous_distance"], distances)  # (L, H)
+    for x in items:
+        m = head_metrics(x.attn, x.tokens, causal=causal, sinks=x.sinks or [0])
+        for name in wanted & set(m):
+            rows.setdefault(name, []).append(m[name].float())
+        if chosen is not None:
+            scan = previous_by_distance(x.attn, distances)  # (O, L, H)
+            rows.setdefault("previous_best", []).append(scan.gather(0, chosen[None])[0].float())
+    return {k: torch.stack(v) for k, v in rows.items()}
 
 
 def _notes(items: list[TextAttention], limit: int, model_limit: int, special: str) -> list[str]:
@@ -291,6 +371,9 @@ def analyze(
         causal=subject.causal,
         previous_distances=previous_distances,
     )
+    per_item: dict[str, Tensor] = {}
+    if len(items) >= 2:  # per-text values of the text roles' metrics, for intervals
+        per_item = _per_text(items, subject.causal, previous_distances, metrics)
     probe_info = None
     notes = []
     length = probe_length(subject)
@@ -310,16 +393,12 @@ def analyze(
             prefix=tuple(special[: len(subject.prefix)]),
             suffix=tuple(special[len(subject.prefix) :]),
         )
-        metrics.update(
-            copy_probe(
-                subject,
-                length=probe_info.length,
-                trials=probe_info.trials,
-                seed=probe_info.seed,
-                offsets=induction_offsets,
-                progress=wrap,
-            )
+        probe_metrics, per_trial = _run_probe(
+            subject, probe_info.length, probe_info.trials, probe_info.seed, induction_offsets, wrap
         )
+        metrics.update(probe_metrics)
+        if len(items) >= 2:
+            per_item.update(per_trial)
     result = Analysis(
         items,
         {k: v.float() for k, v in metrics.items()},
@@ -332,6 +411,9 @@ def analyze(
         undefined=dict(CAUSAL_UNDEFINED) if subject.causal else {},
         sink_label=subject.sink_label,
     )
+    result.intervals = {k: bootstrap_mean_interval(v) for k, v in per_item.items()}
     sources = SOURCES if result.text_measured else tuple(s for s in SOURCES if s != "text")
-    result.roles = head_roles(metrics, rules, sources=sources, sinks=subject.sink_label)
+    result.roles = head_roles(
+        metrics, rules, sources=sources, sinks=subject.sink_label, intervals=result.intervals
+    )
     return result
