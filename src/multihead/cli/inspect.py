@@ -97,12 +97,22 @@ def _read_texts(args) -> list[str]:
     text = read_stdin() if args.text == "-" else args.text
     if not text.strip():
         raise UsageError("TEXT is empty; give a sentence to inspect")
-    if args.text != "-" and "\n" not in text and Path(text).exists():
+    if args.text != "-" and _is_path(text):
         raise UsageError(
             f"TEXT {text!r} is a path on disk: did you mean --model {text}? (to inspect a text "
             f"that names a path, give it on stdin with '-')"
         )
     return [text]
+
+
+def _is_path(text: str) -> bool:
+    """TEXT names a file or directory (one line, short enough to be a path)."""
+    if "\n" in text or len(text) > 1024:
+        return False
+    try:
+        return Path(text).exists()
+    except OSError:  # a name too long for the file system, or otherwise not a path
+        return False
 
 
 def _model_hint(args) -> str | None:
@@ -220,7 +230,8 @@ def print_summary(args, analysis, L: int, H: int, model_limit: int) -> None:
         if source == "probe" and analysis.probe is None:
             continue
         if source == "text" and not analysis.text_measured:
-            print(f"\n{heading}: none, too short to measure (see the note above)")
+            short = "the text is" if N == 1 else "the texts are"
+            print(f"\n{heading}: none, {short} too short to measure (see the note above)")
             continue
         table = role_table(analysis.roles, source)
         print(f"\n{heading}: {table.passing} of {L * H} heads pass a threshold")
