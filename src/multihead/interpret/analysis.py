@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .capture import capture
+from .intervals import bootstrap_mean_interval, offset_index, per_text_values
 from .metrics import (
     CAUSAL_UNDEFINED,
     INDUCTION_OFFSETS,
@@ -27,8 +28,6 @@ from .metrics import (
     best_offset,
     copy_mass_by_offset,
     corpus_metrics,
-    head_metrics,
-    previous_by_distance,
 )
 from .roles import RULES, SOURCES, HeadRole, RoleRule, head_roles
 from .subject import Subject, as_subject
@@ -248,54 +247,11 @@ def _probe_metrics(
     return metrics, per_trial
 
 
-def offset_index(chosen: Tensor, offsets: Sequence[int]) -> Tensor:
-    """(L, H) offsets -> (L, H) their indices in `offsets`."""
-    table = torch.tensor(list(offsets))
-    return (chosen.long()[..., None] == table).long().argmax(-1)
-
-
-def bootstrap_mean_interval(
-    values: Tensor, *, resamples: int = 1000, seed: int = 0
-) -> tuple[Tensor, Tensor]:
-    """95% percentile interval of the mean over the first axis of `values` (N, L, H), the N
-    items resampled with replacement (a seeded generator: the same values give the same
-    interval): (low, high), each (L, H)."""
-    N = values.shape[0]
-    g = torch.Generator().manual_seed(seed)
-    picks = torch.randint(0, N, (resamples, N), generator=g)
-    counts = torch.zeros(resamples, N, dtype=torch.float64)
-    counts.scatter_add_(1, picks, torch.ones(resamples, N, dtype=torch.float64))
-    means = counts @ values.reshape(N, -1).double() / N  # (R, L*H)
-    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
-    shape = values.shape[1:]
-    return low.reshape(shape).float(), high.reshape(shape).float()
-
-
 def probe_length(subject, wanted: int = 16) -> int:
     """The longest R (at most `wanted`) whose longest probe, R filler R with a filler as long as
     R and the special tokens around it, fits the model's position table."""
     room = subject.max_positions - len(subject.prefix) - len(subject.suffix)
     return min(wanted, room // 3)
-
-
-def _per_text(
-    items: list[TextAttention], causal: bool, distances: Sequence[int], metrics: dict[str, Tensor]
-) -> dict[str, Tensor]:
-    """Each text's value (N, L, H) of the metrics that give text roles; "previous_best" at the
-    distance chosen over the corpus (`metrics["previous_distance"]`)."""
-    wanted = {r.metric for r in RULES if r.source == "text"} | {"previous"}
-    rows: dict[str, list[Tensor]] = {}
-    chosen = None
-    if "previous_distance" in metrics:
-        chosen = offset_index(metrics["previous_distance"], distances)  # (L, H)
-    for x in items:
-        m = head_metrics(x.attn, x.tokens, causal=causal, sinks=x.sinks or [0])
-        for name in wanted & set(m):
-            rows.setdefault(name, []).append(m[name].float())
-        if chosen is not None:
-            scan = previous_by_distance(x.attn, distances)  # (O, L, H)
-            rows.setdefault("previous_best", []).append(scan.gather(0, chosen[None])[0].float())
-    return {k: torch.stack(v) for k, v in rows.items()}
 
 
 def _notes(items: list[TextAttention], limit: int, model_limit: int, special: str) -> list[str]:
@@ -373,7 +329,7 @@ def analyze(
     )
     per_item: dict[str, Tensor] = {}
     if len(items) >= 2:  # per-text values of the text roles' metrics, for intervals
-        per_item = _per_text(items, subject.causal, previous_distances, metrics)
+        per_item = per_text_values(items, subject.causal, previous_distances, metrics)
     probe_info = None
     notes = []
     length = probe_length(subject)
