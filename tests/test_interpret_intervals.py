@@ -77,6 +77,14 @@ def test_role_table_one_head_per_kind_sinks_apart():
     assert sink_summary(table.sinks) == "2 heads in layer 1 (L1: 2), 0.70-0.80 of their attention"
     sinks = [R(1, 0, "special-token sink", 0.8), R(3, 2, "special-token sink", 0.65)]
     assert sink_summary(sinks).startswith("2 heads in layers 1-3 (L1: 1, L3: 1)")
+    many = [
+        R(layer, h, "special-token sink", 0.7)
+        for layer in range(3, 12)
+        for h in range(layer % 3 + 1)
+    ]
+    assert sink_summary(many) == (  # past 6 layers: the three holding most
+        "18 heads in 9 layers, 3-11 (most in L5: 3, L8: 3, L11: 3), 0.70-0.70 of their attention"
+    )
 
 
 def test_heads_that_are_sinks_on_text_and_induction_heads_on_the_probe():

@@ -225,6 +225,10 @@ def sink_summary(sinks: list[HeadRole]) -> str:
     span = sorted(layers)
     where = f"layer {span[0]}" if len(span) == 1 else f"layers {span[0]}-{span[-1]}"
     counts = ", ".join(f"L{layer}: {n}" for layer, n in sorted(layers.items()))
+    if len(layers) > 6:  # one line: the layers holding most of them
+        top = sorted(layers.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        where = f"{len(layers)} layers, {span[0]}-{span[-1]}"
+        counts = "most in " + ", ".join(f"L{layer}: {n}" for layer, n in top)
     low, high = min(r.value for r in sinks), max(r.value for r in sinks)
     n = len(sinks)
     return (
