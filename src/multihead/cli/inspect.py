@@ -57,7 +57,11 @@ def add_arguments(parser) -> None:
         "-o", "--output", type=Path, help="report file (default ./multihead-inspect.FORMAT)"
     )
     parser.add_argument(
-        "--top", type=positive_int, default=12, help="rows per table section (default 12)"
+        "--top",
+        type=positive_int,
+        default=12,
+        help="rows per section: one per kind of role, then the strongest other heads up to N "
+        "(default 12); sinks are summarised in one line",
     )
 
 

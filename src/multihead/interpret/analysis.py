@@ -213,7 +213,9 @@ def _run_probe(
         seconds.append(len(subject.prefix) + length + len(filler))
     first = len(subject.prefix)
     # every trial in one padded forward (8 sequences of up to 3 * length + 2 tokens)
-    (patterns,) = progress([attention_of_batch(subject, trials_ids)], "random-token probe", 1)
+    (patterns,) = [
+        attention_of_batch(subject, trials_ids) for _ in progress(range(1), "random-token probe", 1)
+    ]
     scans = torch.stack(
         [
             copy_mass_by_offset(attn, first, second, length, scanned)
