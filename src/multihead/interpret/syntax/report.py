@@ -83,7 +83,7 @@ def _sentence_svg(result: SyntaxResult, index: int, row: RelationScore) -> str |
         "</marker></defs>"
     )
     return (
-        f'<div class="s"><svg width="{at + PAD:.0f}" height="170">{marker}{"".join(parts)}'
+        f'<div class="s"><svg width="{at + PAD:.0f}" height="165">{marker}{"".join(parts)}'
         f"</svg></div>"
     )
 
