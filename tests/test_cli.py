@@ -77,7 +77,15 @@ def test_top_level_names_are_lazy_but_complete():
 def test_commands_register_from_their_modules():
     parser = build_parser()
     actions = [a for a in parser._actions if a.dest == "_command0"]
-    assert list(actions[0].choices) == ["inspect", "heads", "embed", "similarity", "bench", "train"]
+    assert list(actions[0].choices) == [
+        "inspect",
+        "heads",
+        "syntax",
+        "embed",
+        "similarity",
+        "bench",
+        "train",
+    ]
     args = parser.parse_args(["bench", "decode", "--new", "8"])
     from multihead.cli import bench_decode
 
@@ -245,7 +253,8 @@ def test_analysis_reports_progress_on_each_loop():
         return items
 
     analyze(load_encoder(), ["one text", "another text"], progress=record)
-    assert seen == [("texts", 2), ("random-token probe", 8)]
+    # the probe's 8 trials run as one padded forward: one step
+    assert seen == [("texts", 2), ("random-token probe", 1)]
 
 
 def test_bench_encoder_layer_quick_runs_from_the_cli(capsys):

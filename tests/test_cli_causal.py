@@ -78,9 +78,9 @@ def test_heads_over_a_corpus_with_next_token_importance(gpt2, tmp_path, capsys):
     assert out[0] == f"{gpt2} (causal LM) over 3 texts (means; padding excluded)"
     assert out[1] == "next: n/a, a causal head never attends to a later token"
     columns = out[2].split()
-    assert columns[:4] == ["head", "role", "previous", "next"] and columns[-1] == "ablation"
+    assert columns[:5] == ["head", "role", "95%", "CI", "previous"] and columns[-1] == "ablation"
     rows = [re.split(r"\s{2,}", line.strip()) for line in out if line.startswith("L")]
-    assert len(rows) == 6 and all(row[3] == "n/a" for row in rows)  # head, role, previous, next
+    assert len(rows) == 6 and all(row[4] == "n/a" for row in rows)  # head, role, CI, previous, next
     assert (
         out[-1]
         == "ablation: increase of the next-token loss (nats per token) when the head is zeroed"

@@ -134,8 +134,10 @@ def test_probe_uses_bos_and_the_models_own_vocabulary(gpt2, monkeypatch):
     _, path = gpt2
     subject = load_subject(path)
     seen = []
-    real = module._attention_of
-    monkeypatch.setattr(module, "_attention_of", lambda s, ids: seen.append(ids) or real(s, ids))
+    real = module.attention_of_batch
+    monkeypatch.setattr(
+        module, "attention_of_batch", lambda s, batch: seen.extend(batch) or real(s, batch)
+    )
     scores = module.copy_probe(subject, length=16, trials=4, seed=3)
     eot = subject.tokenizer.token_to_id(EOT)
     ordinary = subject.tokenizer.get_vocab_size() - 1  # every id but <|endoftext|>
@@ -272,6 +274,18 @@ def test_pruning_curve_runs_from_the_models_loss_to_no_heads(gpt2):
         pruning_curve(subject, TEXTS, torch.rand(3, 2))
 
 
+def test_the_batched_probe_equals_one_forward_per_trial(gpt2):
+    """The probe's trials run as one right-padded forward; each trial's pattern equals its own
+    unpadded forward, so the scores are those of one forward per trial."""
+    from multihead.interpret import analysis as module
+
+    _, path = gpt2
+    subject = load_subject(path)
+    batch = [[5, 9, 11, 5, 9], [7, 8, 7, 8, 7, 8, 3], [4, 6]]
+    for ids, padded in zip(batch, module.attention_of_batch(subject, batch), strict=True):
+        torch.testing.assert_close(padded, module.attention_of(subject, ids), atol=1e-5, rtol=1e-4)
+
+
 def test_the_probe_finds_an_induction_circuit_shifted_by_one(gpt2, monkeypatch):
     """A hand-built pattern in place of the model's: every query of the second copy attends to
     the token two after its earlier copy (a circuit whose previous-token step reads i-2)."""
@@ -291,7 +305,9 @@ def test_the_probe_finds_an_induction_circuit_shifted_by_one(gpt2, monkeypatch):
             a[..., q, first + t + 2] = 1.0
         return a
 
-    monkeypatch.setattr(module, "_attention_of", shifted)
+    monkeypatch.setattr(
+        module, "attention_of_batch", lambda s, batch: [shifted(s, ids) for ids in batch]
+    )
     scores = module.copy_probe(subject, trials=3, offsets=(1, 2, 3))
     assert scores["induction"].max() == 0 and scores["duplicate"].max() == 0
     torch.testing.assert_close(scores["induction_best"], torch.ones(2, 3))

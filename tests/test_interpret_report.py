@@ -2,6 +2,7 @@
 
 import base64
 import json
+import re
 import shutil
 import time
 import zlib
@@ -54,10 +55,22 @@ def test_inspect_prints_roles_by_source_and_writes_html(tmp_path, capsys):
     assert "Roles measured on this text (17 tokens)" in text_part
     assert "previous-token" in text_part and "duplicate-token" not in text_part
     assert "duplicate-token" in probe_part and "previous-token" not in probe_part
-    strengths = [
-        float(x.split("x")[0]) for x in text_part.split() if x.endswith("x") and x[0].isdigit()
-    ]
-    assert strengths == sorted(strengths, reverse=True) and len(strengths) == 12
+    # sinks in one line; one row per kind of role (its strongest head); then the other heads
+    assert re.search(
+        r"\nsinks: \d+ heads in layers \d-\d \(L\d: \d+, .*\), [\d.]+-[\d.]+ of their attention on \[CLS\]/\[SEP\]\n",
+        text_part,
+    )
+    kinds_part, rest_part = text_part.split("other heads, strongest first")
+    assert "one head per role, the strongest of each:" in kinds_part
+    kinds = [line.split()[2] for line in kinds_part.splitlines() if line.startswith("L")]
+    assert (
+        len(kinds) == len(set(kinds)) >= 3 and "special-token" not in text_part.split("sinks:")[1]
+    )
+    for part in (kinds_part, rest_part):
+        strengths = [
+            float(x.split("x")[0]) for x in part.split() if x.endswith("x") and x[0].isdigit()
+        ]
+        assert strengths == sorted(strengths, reverse=True) and strengths
     assert f"report: {out.resolve()}" in printed
     page = out.read_text()
     assert "<script src" not in page and "<link" not in page  # everything inline

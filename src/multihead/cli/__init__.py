@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from .errors import UsageError, print_error
 from .parsing import Parser
 
-COMMANDS = ("inspect", "heads", "embed", "similarity", "bench", "train")
+COMMANDS = ("inspect", "heads", "syntax", "embed", "similarity", "bench", "train")
 
 
 def _version() -> str:

@@ -101,7 +101,8 @@ def run(args) -> int:
     rows = []
     for layer, head, role in ranked[: args.top]:
         name = (role.role + ("*" if role.source == "probe" else "")) if role else "-"
-        cells = [f"L{layer} H{head}", name]
+        ci = f"{role.ci[0]:.2f}-{role.ci[1]:.2f}" if role and role.ci else "-"
+        cells = [f"L{layer} H{head}", name, ci]
         cells += [
             f"{float(metrics[c][layer, head]):.3f}" if c in metrics else "n/a" for c in columns
         ]
@@ -112,11 +113,19 @@ def run(args) -> int:
     for name in columns:
         if name in analysis.undefined:
             print(f"{name}: n/a, {analysis.undefined[name]}")
-    print(format_table(["head", "role", *columns], rows, left=(0, 1)))
+    print(format_table(["head", "role", "95% CI", *columns], rows, left=(0, 1)))
     print(
         "role: the strongest, by measured value / threshold; * = measured on repeated random "
         "tokens (duplicate, induction), the rest on the corpus"
     )
+    if len(texts) > 1:
+        print(
+            f"95% CI: the role's value, bootstrap over the {len(texts)} texts (* roles: over the "
+            "probe's trials); a role is given only where the interval's low end clears its "
+            "threshold"
+        )
+    else:
+        print("95% CI: needs two texts or more; with one, roles are given on the value alone")
     if args.importance:
         print(f"ablation: {subject.objective.effect}")
     return 0

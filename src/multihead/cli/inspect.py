@@ -4,11 +4,12 @@ attends to in one text, as role tables on the terminal and a report file (HTML, 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 from ..table import format_table
 from .errors import UsageError
-from .inputs import read_stdin
+from .inputs import lines_of, read_stdin, read_text_file
 from .model_dir import DEFAULT_MODEL, ModelDir, check_model, load_subject
 from .outputs import check_writable, output_format, write_atomic
 from .parsing import non_negative_int, positive_int
@@ -26,7 +27,16 @@ SHOWN_TOKENS = 40  # tokens printed in the header line
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("text", help="the text to inspect (quote it); '-' reads it from stdin")
+    parser.add_argument(
+        "text", nargs="?", help="the text to inspect (quote it); '-' reads it from stdin"
+    )
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        metavar="FILE",
+        help="inspect over a corpus instead (UTF-8, one text per line): each role with a 95%% "
+        "bootstrap interval over the texts, given only where the interval clears its threshold",
+    )
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"model directory or name (default {DEFAULT_MODEL})"
     )
@@ -47,7 +57,11 @@ def add_arguments(parser) -> None:
         "-o", "--output", type=Path, help="report file (default ./multihead-inspect.FORMAT)"
     )
     parser.add_argument(
-        "--top", type=positive_int, default=12, help="rows per table section (default 12)"
+        "--top",
+        type=positive_int,
+        default=12,
+        help="rows per section: one per kind of role, then the strongest other heads up to N "
+        "(default 12); sinks are summarised in one line",
     )
 
 
@@ -70,15 +84,50 @@ def _check_focus(args, layers: int | None, heads: int | None) -> None:
         )
 
 
-def _read_text(args) -> str:
+MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?$")
+
+
+def _read_texts(args) -> list[str]:
+    """The texts to analyse: TEXT, stdin, or the lines of --corpus."""
+    if args.corpus is not None:
+        if args.text is not None:
+            raise UsageError("give TEXT or --corpus FILE, not both")
+        texts = lines_of(read_text_file(args.corpus, "--corpus"))
+        if not texts:
+            raise UsageError(f"--corpus {str(args.corpus)!r} holds no text (only blank lines)")
+        return texts
+    if args.text is None:
+        raise UsageError("give TEXT to inspect (or --corpus FILE)")
     text = read_stdin() if args.text == "-" else args.text
     if not text.strip():
         raise UsageError("TEXT is empty; give a sentence to inspect")
-    return text
+    if args.text != "-" and _is_path(text):
+        raise UsageError(
+            f"TEXT {text!r} is a path on disk: did you mean --model {text}? (to inspect a text "
+            f"that names a path, give it on stdin with '-')"
+        )
+    return [text]
+
+
+def _is_path(text: str) -> bool:
+    """TEXT names a file or directory (one line, short enough to be a path)."""
+    if "\n" in text or len(text) > 1024:
+        return False
+    try:
+        return Path(text).exists()
+    except OSError:  # a name too long for the file system, or otherwise not a path
+        return False
+
+
+def _model_hint(args) -> str | None:
+    """A note when TEXT looks like a model id ("org/name") rather than a sentence."""
+    if args.corpus is None and args.text and MODEL_ID.match(args.text.strip()):
+        return f"TEXT {args.text!r} looks like a model id: did you mean --model {args.text}?"
+    return None
 
 
 def run(args) -> int:
-    text = _read_text(args)
+    texts = _read_texts(args)
     _check_focus(args, None, None)
     fmt = output_format(args.output, args.format, FORMATS, default="html")
     if args.output is None:  # the default path, in the current directory
@@ -99,12 +148,14 @@ def run(args) -> int:
 
     from ..interpret.analysis import analyze
 
-    analysis = analyze(subject, [text], max_tokens=args.max_tokens, progress=progress)
+    analysis = analyze(subject, texts, max_tokens=args.max_tokens, progress=progress)
     progress.done()
     print_summary(args, analysis, L, H, subject.max_positions)
 
     item = analysis.texts[0]
     title = f"{args.model}: {item.text}" + ("…" if item.truncated else "")
+    if len(texts) > 1:
+        title = f"{args.model}: {len(texts)} texts of {args.corpus} (the first shown)"
     focus = (args.layer, args.head) if args.layer is not None else None
     progress.status(f"writing {fmt.upper()} report…")
     write_report(analysis, output, fmt, title=title, focus=focus, model=args.model)
@@ -145,45 +196,86 @@ def _token_line(tokens: list[str]) -> str:
 
 
 def print_summary(args, analysis, L: int, H: int, model_limit: int) -> None:
-    from ..interpret.roles import strongest
+    from ..interpret.roles import role_table, sink_summary, sinks_that_induct
 
     item = analysis.texts[0]
     T = len(item.tokens)
-    print(
-        f"{args.model}: {analysis.kind}, {L} layers x {H} heads, {T} tokens analysed: "
-        f"{_token_line(item.tokens)}"
-    )
+    N = len(analysis.texts)
+    if N == 1:
+        print(
+            f"{args.model}: {analysis.kind}, {L} layers x {H} heads, {T} tokens analysed: "
+            f"{_token_line(item.tokens)}"
+        )
+    else:
+        tokens = sum(len(x.tokens) for x in analysis.texts)
+        print(
+            f"{args.model}: {analysis.kind}, {L} layers x {H} heads, {N} texts of "
+            f"{args.corpus} ({tokens} tokens) analysed"
+        )
     if analysis.causal:
         print(
             "causal: each token attends to itself and earlier tokens only; "
             f"sinks measured on {analysis.sink_label}"
         )
+    hint = _model_hint(args)
+    if hint:
+        print(f"note: {hint}")
     for note in analysis.notes:
-        hint = ""
+        more = ""
         if note.startswith("truncated") and analysis.max_tokens < model_limit:
-            hint = f"; --max-tokens {model_limit} analyses more"
-        print(f"note: {note}{hint}")
+            more = f"; --max-tokens {model_limit} analyses more"
+        print(f"note: {note}{more}")
+    where = f"this text ({T} tokens)" if N == 1 else f"the {N} texts"
     sections = [
-        ("text", f"Roles measured on this text ({T} tokens)"),
+        ("text", f"Roles measured on {where}"),
         ("probe", f"Roles measured on repeated random tokens ({analysis.probe})"),
     ]
     for source, heading in sections:
         if source == "probe" and analysis.probe is None:
             continue
         if source == "text" and not analysis.text_measured:
-            print(f"\n{heading}: none, the text is too short to measure (see the note above)")
+            short = "the text is" if N == 1 else "the texts are"
+            print(f"\n{heading}: none, {short} too short to measure (see the note above)")
             continue
-        best = strongest(analysis.roles, args.top, source=source)
-        passing = len(strongest(analysis.roles, source=source))
-        shown = f", the {len(best)} strongest shown" if passing > len(best) else ""
-        print(f"\n{heading}: {passing} of {L * H} heads pass a threshold{shown}")
-        if best:
-            rows = [
-                [f"L{r.layer} H{r.head}", r.role, f"{r.strength:.2f}x", r.description] for r in best
-            ]
-            print(format_table(["head", "role", "strength", "measured"], rows, left=(0, 1, 3)))
+        table = role_table(analysis.roles, source)
+        print(f"\n{heading}: {table.passing} of {L * H} heads pass a threshold")
+        if table.sinks:
+            print(f"sinks: {sink_summary(table.sinks)} on {analysis.sink_label}")
+        _print_rows("one head per role, the strongest of each:", table.per_kind, N)
+        room = max(0, args.top - len(table.per_kind))
+        shown = table.rest[:room]
+        if shown:
+            left = len(table.rest) - len(shown)
+            tail = f" ({left} more not shown; --top)" if left else ""
+            _print_rows(f"other heads, strongest first{tail}:", shown, N)
+    both = sinks_that_induct(analysis.roles)
+    if both:
+        heads = ", ".join(f"L{layer} H{head}" for layer, head in both)
+        print(
+            f"\nnote: {heads}: a sink on the text and an induction head on the probe (it rests "
+            "on the sink when there is nothing to copy)"
+        )
     print("\nstrength = measured value / the role's threshold (1.00x: at it); strongest first")
+    if N > 1:
+        over = "texts" if analysis.probe is None else "texts (probe roles: over its trials)"
+        print(f"95% CI: bootstrap over the {over}; a role is given only where its low end clears")
     if args.layer is not None:
         roles = analysis.roles[args.layer][args.head]
         summary = "; ".join(str(r) for r in roles) if roles else "no clear role"
         print(f"L{args.layer} H{args.head}: {summary}")
+
+
+def _print_rows(title: str, roles, texts: int) -> None:
+    if not roles:
+        return
+    headers = ["head", "role", "strength", "measured"]
+    if texts > 1:
+        headers.insert(3, "95% CI")
+    rows = []
+    for r in roles:
+        cells = [f"L{r.layer} H{r.head}", r.role, f"{r.strength:.2f}x", r.description]
+        if texts > 1:
+            cells.insert(3, f"{r.ci[0]:.2f}-{r.ci[1]:.2f}" if r.ci else "")
+        rows.append(cells)
+    print(title)
+    print(format_table(headers, rows, left=(0, 1, len(headers) - 1)))

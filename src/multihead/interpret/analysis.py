@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .capture import capture
+from .intervals import bootstrap_mean_interval, offset_index, per_text_values
 from .metrics import (
     CAUSAL_UNDEFINED,
     INDUCTION_OFFSETS,
@@ -101,6 +102,10 @@ class Analysis:
     causal: bool = False  # causal patterns: only the lower triangle (keys <= query) holds weight
     undefined: dict[str, str] = field(default_factory=dict)  # metric -> why it is n/a here
     sink_label: str = "[CLS]/[SEP]"  # the tokens the "special" (sink) metric measured
+    # metric -> (low, high) (L, H): 95% bootstrap intervals of the mean over the texts (text
+    # roles) or over the probe's trials (probe roles), when several texts were analysed; a role
+    # is then given only where the low bound clears its threshold
+    intervals: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -113,11 +118,20 @@ class Analysis:
         return any(t.content_tokens >= MIN_CONTENT_TOKENS for t in self.texts)
 
 
-def _attention_of(subject: Subject, ids: list[int]) -> Tensor:
+def attention_of(subject: Subject, ids: list[int]) -> Tensor:
     """(L, H, T, T) weights of one unpadded token sequence, via `capture`."""
     with torch.inference_mode(), capture(subject.model, keep_qkv=False) as records:
         subject.run(ids)
     return torch.stack([r.weights[0] for r in records]).cpu()
+
+
+def attention_of_batch(subject: Subject, batch: list[list[int]]) -> list[Tensor]:
+    """(L, H, T_i, T_i) weights of each sequence of `batch`, from one padded forward (padding
+    masked out as keys, so each equals the sequence's own forward up to rounding)."""
+    with torch.inference_mode(), capture(subject.model, keep_qkv=False) as records:
+        subject.run_batch(batch)
+    stacked = torch.stack([r.weights for r in records]).cpu()  # (L, B, H, T, T)
+    return [stacked[:, b, :, : len(ids), : len(ids)] for b, ids in enumerate(batch)]
 
 
 def token_limit(model, max_tokens: int | None = None) -> int:
@@ -137,7 +151,7 @@ def text_attention(model, text: str, *, max_tokens: int | None = None) -> TextAt
 def _text_attention(subject: Subject, text: str, limit: int) -> TextAttention:
     encoded = subject.encode(text, limit)
     ids = encoded.ids
-    attn = _attention_of(subject, ids).float()  # (L, H, T, T)
+    attn = attention_of(subject, ids).float()  # (L, H, T, T)
     tokens = subject.token_strings(ids)
     return TextAttention(
         tokens,
@@ -168,7 +182,19 @@ def copy_probe(
     The filler's length is random (1 .. length) in each trial, so a head attending at a fixed
     offset cannot score as an induction head by matching the period.
     """
-    subject = as_subject(model)
+    metrics, _ = _run_probe(as_subject(model), length, trials, seed, offsets, progress)
+    return metrics
+
+
+def _run_probe(
+    subject: Subject,
+    length: int,
+    trials: int,
+    seed: int,
+    offsets: Sequence[int],
+    progress: Progress,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """`copy_probe`'s metrics, and the per-trial values (trials, L, H) of those giving roles."""
     if length < 2 or trials < 1:
         raise ValueError(f"the probe needs length >= 2 and trials >= 1, got {length}, {trials}")
     if length > probe_length(subject, length):
@@ -179,23 +205,48 @@ def copy_probe(
         )
     rng = random.Random(seed)
     scanned = sorted({0, 1, *offsets})
-    scans = []  # (O, L, H) per trial
-    for _ in progress(range(trials), "random-token probe", trials):
+    trials_ids, seconds = [], []
+    for _ in range(trials):  # the same draws, in the same order, as one forward per trial took
         seq = subject.random_tokens(rng, length)
         filler = subject.random_tokens(rng, rng.randint(1, length))
-        ids = [*subject.prefix, *seq, *filler, *seq, *subject.suffix]
-        first = len(subject.prefix)
-        attn = _attention_of(subject, ids)
-        second = first + length + len(filler)
-        scans.append(copy_mass_by_offset(attn, first, second, length, scanned))
-    mean = torch.stack(scans).mean(0).float()  # (O, L, H)
+        trials_ids.append([*subject.prefix, *seq, *filler, *seq, *subject.suffix])
+        seconds.append(len(subject.prefix) + length + len(filler))
+    first = len(subject.prefix)
+    # every trial in one padded forward (8 sequences of up to 3 * length + 2 tokens)
+    (patterns,) = [
+        attention_of_batch(subject, trials_ids) for _ in progress(range(1), "random-token probe", 1)
+    ]
+    scans = torch.stack(
+        [
+            copy_mass_by_offset(attn, first, second, length, scanned)
+            for attn, second in zip(patterns, seconds, strict=True)
+        ]
+    ).float()  # (trials, O, L, H)
+    return _probe_metrics(scans, scanned, offsets)
+
+
+def _probe_metrics(
+    scans: Tensor, scanned: list[int], offsets: Sequence[int]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Probe metrics from per-trial scans (trials, O, L, H): their means over trials, and
+    the per-trial values (trials, L, H) of the metrics that give roles (for intervals)."""
+    mean = scans.mean(0)  # (O, L, H)
     best, offset = best_offset(mean[[scanned.index(o) for o in offsets]], offsets)
-    return {
+    rows = torch.tensor([scanned.index(o) for o in offsets])[offset_index(offset, offsets)]
+    per_trial = {
+        "duplicate": scans[:, scanned.index(0)],
+        "induction": scans[:, scanned.index(1)],
+        "induction_best": scans.gather(1, rows[None, None].expand(len(scans), 1, *rows.shape))[
+            :, 0
+        ],
+    }
+    metrics = {
         "duplicate": mean[scanned.index(0)],
         "induction": mean[scanned.index(1)],
         "induction_best": best,
         "induction_offset": offset.float(),
     }
+    return metrics, per_trial
 
 
 def probe_length(subject, wanted: int = 16) -> int:
@@ -278,6 +329,9 @@ def analyze(
         causal=subject.causal,
         previous_distances=previous_distances,
     )
+    per_item: dict[str, Tensor] = {}
+    if len(items) >= 2:  # per-text values of the text roles' metrics, for intervals
+        per_item = per_text_values(items, subject.causal, previous_distances, metrics)
     probe_info = None
     notes = []
     length = probe_length(subject)
@@ -297,16 +351,12 @@ def analyze(
             prefix=tuple(special[: len(subject.prefix)]),
             suffix=tuple(special[len(subject.prefix) :]),
         )
-        metrics.update(
-            copy_probe(
-                subject,
-                length=probe_info.length,
-                trials=probe_info.trials,
-                seed=probe_info.seed,
-                offsets=induction_offsets,
-                progress=wrap,
-            )
+        probe_metrics, per_trial = _run_probe(
+            subject, probe_info.length, probe_info.trials, probe_info.seed, induction_offsets, wrap
         )
+        metrics.update(probe_metrics)
+        if len(items) >= 2:
+            per_item.update(per_trial)
     result = Analysis(
         items,
         {k: v.float() for k, v in metrics.items()},
@@ -319,6 +369,9 @@ def analyze(
         undefined=dict(CAUSAL_UNDEFINED) if subject.causal else {},
         sink_label=subject.sink_label,
     )
+    result.intervals = {k: bootstrap_mean_interval(v) for k, v in per_item.items()}
     sources = SOURCES if result.text_measured else tuple(s for s in SOURCES if s != "text")
-    result.roles = head_roles(metrics, rules, sources=sources, sinks=subject.sink_label)
+    result.roles = head_roles(
+        metrics, rules, sources=sources, sinks=subject.sink_label, intervals=result.intervals
+    )
     return result

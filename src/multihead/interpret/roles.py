@@ -90,6 +90,10 @@ class HeadRole:
     threshold: float
     description: str
     source: str = "text"
+    # 95% bootstrap interval of the value over texts (or probe trials) when several were
+    # measured; the role was then given only because the interval's lower bound cleared the
+    # threshold
+    ci: tuple[float, float] | None = None
 
     @property
     def strength(self) -> float:
@@ -124,13 +128,20 @@ def _fields(metrics: dict[str, Tensor], rule: RoleRule, layer: int, head: int) -
 
 
 def head_roles(
-    metrics: dict[str, Tensor], rules=RULES, *, sources=SOURCES, sinks: str = "[CLS]/[SEP]"
+    metrics: dict[str, Tensor],
+    rules=RULES,
+    *,
+    sources=SOURCES,
+    sinks: str = "[CLS]/[SEP]",
+    intervals: dict[str, tuple[Tensor, Tensor]] | None = None,
 ) -> list[list[list[HeadRole]]]:
     """roles[layer][head]: the rules the head passes, strongest first (empty: no clear role).
 
     `sources`: which measurements may give roles; leave "text" out when the text was too short
     to measure anything (see `analysis.MIN_CONTENT_TOKENS`). `sinks`: how a sink role names the
-    tokens its "special" mass was measured on."""
+    tokens its "special" mass was measured on. `intervals`: metric -> (low, high) (L, H) bounds
+    of a 95% interval over texts (see `analysis.Analysis.intervals`); a rule whose metric has
+    one passes only where the low bound clears the threshold, and the role carries it."""
     L, H = metrics["previous"].shape
     out: list[list[list[HeadRole]]] = [[[] for _ in range(H)] for _ in range(L)]
     for rule in rules:
@@ -139,14 +150,20 @@ def head_roles(
             values = metrics.get(rule.fallback)
         if values is None or rule.source not in sources:
             continue
+        bounds = (intervals or {}).get(
+            rule.metric if rule.metric in metrics else rule.fallback or ""
+        )
         for layer in range(L):
             for head in range(H):
                 v = float(values[layer, head])
-                if v >= rule.threshold:
+                ci = None
+                if bounds is not None:
+                    ci = (float(bounds[0][layer, head]), float(bounds[1][layer, head]))
+                if (ci[0] if ci else v) >= rule.threshold:
                     fields = _fields(metrics, rule, layer, head)
                     text = rule.template.format(v=v, sinks=sinks, **fields)
                     out[layer][head].append(
-                        HeadRole(layer, head, rule.role, v, rule.threshold, text, rule.source)
+                        HeadRole(layer, head, rule.role, v, rule.threshold, text, rule.source, ci)
                     )
     for row in out:
         for roles in row:
@@ -167,3 +184,65 @@ def strongest(
                 best.append(mine[0])
     best.sort(key=lambda r: -r.strength)
     return best if top is None else best[:top]
+
+
+SINK = "special-token sink"
+
+
+@dataclass(frozen=True)
+class RoleTable:
+    """What `inspect` prints for one source: one row per kind of role (its strongest head),
+    the sinks apart (summarised in one line), then the other heads, strongest first."""
+
+    per_kind: list[HeadRole]
+    sinks: list[HeadRole]
+    rest: list[HeadRole]
+
+    @property
+    def passing(self) -> int:
+        return len(self.per_kind) + len(self.sinks) + len(self.rest)
+
+
+def role_table(roles: list[list[list[HeadRole]]], source: str) -> RoleTable:
+    """The heads whose strongest role (of `source`) passed, arranged as `RoleTable`."""
+    best = strongest(roles, source=source)
+    sinks = [r for r in best if r.role == SINK]
+    others = [r for r in best if r.role != SINK]
+    per_kind: dict[str, HeadRole] = {}
+    for r in others:  # strongest first: the first of each kind is its strongest head
+        per_kind.setdefault(r.role, r)
+    chosen = set(map(id, per_kind.values()))
+    return RoleTable(list(per_kind.values()), sinks, [r for r in others if id(r) not in chosen])
+
+
+def sink_summary(sinks: list[HeadRole]) -> str:
+    """ "18 heads, in layers 2-5 (L2: 3, L3: 5, L4: 6, L5: 4), 0.61-0.98 of their attention"."""
+    if not sinks:
+        return "none"
+    layers: dict[int, int] = {}
+    for r in sinks:
+        layers[r.layer] = layers.get(r.layer, 0) + 1
+    span = sorted(layers)
+    where = f"layer {span[0]}" if len(span) == 1 else f"layers {span[0]}-{span[-1]}"
+    counts = ", ".join(f"L{layer}: {n}" for layer, n in sorted(layers.items()))
+    if len(layers) > 6:  # one line: the layers holding most of them
+        top = sorted(layers.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        where = f"{len(layers)} layers, {span[0]}-{span[-1]}"
+        counts = "most in " + ", ".join(f"L{layer}: {n}" for layer, n in top)
+    low, high = min(r.value for r in sinks), max(r.value for r in sinks)
+    n = len(sinks)
+    return (
+        f"{n} head{'s' * (n != 1)} in {where} ({counts}), {low:.2f}-{high:.2f} of their attention"
+    )
+
+
+def sinks_that_induct(roles: list[list[list[HeadRole]]]) -> list[tuple[int, int]]:
+    """Heads that are sinks on the text and induction heads on the probe (a head can rest on
+    the sink when there is nothing to copy and copy when there is)."""
+    out = []
+    for layer, row in enumerate(roles):
+        for head, passed in enumerate(row):
+            names = {(r.role, r.source) for r in passed}
+            if (SINK, "text") in names and ("induction", "probe") in names:
+                out.append((layer, head))
+    return out

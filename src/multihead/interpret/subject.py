@@ -173,6 +173,22 @@ class Subject(ABC):
     def run(self, ids: list[int]) -> None:
         """Run the model on one unpadded token sequence (inside `capture` or hooks)."""
 
+    def run_batch(self, batch: list[list[int]]) -> None:
+        """Run several token sequences in one forward (inside `capture` or hooks): right-padded
+        to the longest, the padding masked out as keys, so each sequence's rows and columns of
+        the patterns are its own (padding rows are not meaningful)."""
+        width = max(len(ids) for ids in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for b, seq in enumerate(batch):  # (B, T): right padding
+            ids[b, : len(seq)] = torch.tensor(seq)
+            mask[b, : len(seq)] = 1
+        self._run_padded(ids.to(self.device), mask.to(self.device))
+
+    @abstractmethod
+    def _run_padded(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """One forward over right-padded ids (B, T) with their 0/1 padding mask (B, T)."""
+
     @abstractmethod
     def random_tokens(self, rng: random.Random, n: int) -> list[int]:
         """n ordinary tokens of the model's vocabulary, for the random-token probe."""
@@ -204,6 +220,9 @@ class EncoderSubject(Subject):
     def run(self, ids: list[int]) -> None:
         self.encoder(torch.tensor([ids], device=self.device))
 
+    def _run_padded(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        self.encoder(ids, mask)
+
     def random_tokens(self, rng: random.Random, n: int) -> list[int]:
         # BERT vocabularies start with a reserved/special block ([unusedN]): skip it
         vocab = self.tokenizer.get_vocab_size()
@@ -233,6 +252,9 @@ class CausalLMSubject(Subject):
 
     def run(self, ids: list[int]) -> None:
         self.model(torch.tensor([ids], device=self.device), last_only=True)
+
+    def _run_padded(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        self.model(ids, attention_mask=mask, last_only=True)
 
     def random_tokens(self, rng: random.Random, n: int) -> list[int]:
         return [rng.choice(self._ordinary) for _ in range(n)]
