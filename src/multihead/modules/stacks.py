@@ -39,8 +39,7 @@ class Encoder(nn.Module):
     Hook points: blocks.{i}.*, ln_final.hook_normalized (pre-norm stacks)."""
 
     hook_points: tuple[str, ...] = ()
-    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
-    hook_order = ("layers",)  # then ln_final.hook_normalized
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks", "norm": "ln_final"}
 
     def __init__(self, config: StackConfig, *, init: bool = True) -> None:
         """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
@@ -52,9 +51,13 @@ class Encoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
-        self.hook_points = ("ln_final.hook_normalized",) if config.norm_first else ()
         if init:
             init_weights(self)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """TransformerLens' name for `layers` (the same modules; state_dict keys say layers)."""
+        return self.layers
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
@@ -68,8 +71,7 @@ class Decoder(nn.Module):
     (pre-norm stacks)."""
 
     hook_points: tuple[str, ...] = ()
-    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
-    hook_order = ("layers",)  # then ln_final.hook_normalized
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks", "norm": "ln_final"}
 
     def __init__(self, config: StackConfig, *, init: bool = True) -> None:
         """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
@@ -81,9 +83,13 @@ class Decoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
-        self.hook_points = ("ln_final.hook_normalized",) if config.norm_first else ()
         if init:
             init_weights(self)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """TransformerLens' name for `layers` (the same modules; state_dict keys say layers)."""
+        return self.layers
 
     def forward(
         self,
@@ -108,9 +114,7 @@ class Decoder(nn.Module):
 
 
 def _final_norm(stack: Encoder | Decoder, x: Tensor) -> Tensor:
-    x = stack.norm(x)
-    hooks = hooks_for(stack)
-    return x if hooks is None else hooks("ln_final.hook_normalized", x)
+    return stack.norm(x)  # ln_final.hook_scale / hook_normalized: the norm's own points
 
 
 class EncoderDecoder(nn.Module):

@@ -150,6 +150,11 @@ class BertEncoder(nn.Module):
             for _ in range(config.num_hidden_layers)
         )
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """TransformerLens' name for `layers` (the same modules; state_dict keys say layers)."""
+        return self.layers
+
     def forward(
         self,
         input_ids: Tensor,
