@@ -25,6 +25,7 @@ from .block import TransformerBlock, make_blocks
 from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
+from .weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class LMConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
 
-class CausalLM(nn.Module):
+class CausalLM(ModelWeights, nn.Module):
     """Token (+ learned position) embeddings, pre-norm blocks, a final norm and the LM head.
 
     Hook points (see `multihead.interpret`): hook_embed, hook_pos_embed (learned positions),
@@ -78,7 +79,9 @@ class CausalLM(nn.Module):
     has no logits hook; this one may be read or replaced like any other).
 
     Module paths use our attribute names (`layers.{i}`, `norm_f`: the state_dict keys); the
-    TransformerLens names `blocks` and `ln_final` are aliases of the same modules.
+    TransformerLens names `blocks` and `ln_final` are aliases of the same modules. Weights by
+    TransformerLens' names (W_E, W_pos, W_U, b_U, W_Q ... b_O, W_in ..., QK, OV,
+    all_composition_scores): see `multihead.modules.weights`.
     """
 
     hook_points: tuple[str, ...] = ("hook_embed", "hook_pos_embed", "hook_logits")
@@ -144,6 +147,10 @@ class CausalLM(nn.Module):
                 w = module.weight if isinstance(module, nn.Linear) else None
                 if w is not None and not (w.dim() == 2 and w.t().is_contiguous()):
                     module.weight.data = w.data.t().contiguous().t()
+
+    def weight_parts(self) -> dict[str, nn.Module | None]:
+        """For W_E, W_pos, W_U, b_U (see `multihead.modules.weights`)."""
+        return {"embed": self.tok, "pos": self.pos, "unembed": self.head}
 
     @property
     def blocks(self) -> nn.ModuleList:

@@ -16,6 +16,7 @@ from .attention import MultiHeadAttention
 from .block import make_blocks
 from .init import init_weights
 from .norm import make_norm
+from .weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class StackConfig:
     dropout: float = 0.0
 
 
-class Encoder(nn.Module):
+class Encoder(ModelWeights, nn.Module):
     """Blocks (bidirectional self-attention) and, when pre-norm, a final norm.
     Hook points: blocks.{i}.*, ln_final.hook_normalized (pre-norm stacks)."""
 
@@ -65,7 +66,7 @@ class Encoder(nn.Module):
         return _final_norm(self, x)
 
 
-class Decoder(nn.Module):
+class Decoder(ModelWeights, nn.Module):
     """Causal self-attention, cross-attention to the memory, MLP; caches for decoding.
     Hook points: blocks.{i}.* (cross-attention: blocks.{i}.cross_attn.*), ln_final.hook_normalized
     (pre-norm stacks)."""
