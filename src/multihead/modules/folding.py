@@ -178,7 +178,7 @@ def _centre_writer(layer: nn.Linear) -> None:
         _sub_mean(layer.bias, dim=0)
 
 
-def _untie(model: nn.Module, head: nn.Linear, embed: nn.Module | None) -> None:
+def _untie(model: Any, head: nn.Linear, embed: nn.Module | None) -> None:
     """Give the head its own weight when it shares the embedding's: folding changes one and
     not the other."""
     if embed is None or head.weight is not embed.weight:
