@@ -13,6 +13,7 @@ from torch import nn
 from multihead import MultiHeadAttention
 from multihead.compat import replace_attention
 from multihead.interpret import act_name, hook_names, hooks, run_with_cache, run_with_hooks
+from multihead.interpret.hooks import ON_REQUEST
 from multihead.modules import CausalLM, EncoderDecoder, LMConfig, StackConfig
 
 from conftest import assert_close
@@ -128,7 +129,7 @@ def test_names_are_listed_in_the_order_they_fire():
     assert fired[:3] == ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
     assert fired[-3:] == ["ln_final.hook_scale", "ln_final.hook_normalized", "hook_logits"]
     _, default = run_with_cache(learned, ids)  # hook_result only when asked by name
-    assert list(default) == [n for n in fired if not n.endswith("hook_result")]
+    assert list(default) == [n for n in fired if not n.endswith(ON_REQUEST)]
     assert default.stack("pattern").shape == (2, B, 4, T, T)
     assert act_name("pattern", 1) == "blocks.1.attn.hook_pattern"
     assert act_name("resid_post", 0) == "blocks.0.hook_resid_post"
