@@ -12,6 +12,8 @@ from .fields import unsupported_architecture
 from .gpt2 import GPT2
 from .llama import LLAMA
 from .loading import Family, load_model
+from .source import resolve_model
+from .text import ModelTokenizer
 
 CAUSAL_LM_FAMILIES: dict[str, Family] = {
     "gpt2": GPT2,
@@ -27,18 +29,25 @@ def load_causal_lm(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> CausalLM:
-    """A decoder checkpoint directory in the Hugging Face layout (config.json and
-    model.safetensors, its shard index, or pytorch_model.bin), in eval mode.
+    """A decoder, in eval mode, from what `path` names (`multihead.models.source`): a
+    directory in the Hugging Face layout (config.json and model.safetensors, its shard index,
+    or pytorch_model.bin), a .gguf file, or a Hub id in the local Hugging Face cache.
 
-    model_type gpt2, llama, mistral or qwen2. `dtype`: None keeps the checkpoint's (bfloat16
-    weights stay bfloat16); `device`: where the weights are read to (default CPU). Every config
-    field that changes the computation is implemented or refused by name.
+    model_type (GGUF: general.architecture) gpt2, llama, mistral or qwen2. `dtype`: None keeps
+    the checkpoint's (bfloat16 weights stay bfloat16; quantised GGUF weights are dequantised,
+    tensor by tensor, to float32); `device`: where the weights are read to (default CPU). Every
+    config field that changes the computation is implemented or refused by name. The model
+    carries its tokenizer as `model.tokenizer` (the directory's tokenizer.json, or the one a
+    GGUF file's metadata describes; None when there is none).
     """
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
-    model_dir = Path(path).expanduser()
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    source = resolve_model(path)
+    if source.is_gguf:
+        from .gguf import load_gguf_causal_lm
+
+        return load_gguf_causal_lm(source.path, dtype=dtype, device=device)
+    model_dir = source.path
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} lacks config.json")
     config = read_json(model_dir / "config.json")
@@ -47,4 +56,12 @@ def load_causal_lm(
         raise unsupported_architecture(config, "load_causal_lm", list(CAUSAL_LM_FAMILIES))
     model = load_model(family, config, open_checkpoint(model_dir), dtype=dtype, device=device)
     assert isinstance(model, CausalLM)
+    model.tokenizer = tokenizer_in(model_dir)
     return model
+
+
+def tokenizer_in(model_dir: Path) -> ModelTokenizer | None:
+    """The directory's tokenizer (see ModelTokenizer.from_dir); None without tokenizer.json."""
+    if not (model_dir / "tokenizer.json").is_file():
+        return None
+    return ModelTokenizer.from_dir(model_dir)

@@ -1,0 +1,90 @@
+"""`load_gguf_causal_lm(file.gguf)`: a GGUF decoder into a multihead CausalLM.
+
+The file's metadata becomes the config.json its family reads (models/<family>/gguf.py), its
+tensors are presented under Hugging Face keys (GGUFCheckpoint), and the usual loader builds the
+model on the meta device and fills it tensor by tensor; the tokenizer comes from the metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...modules.lm import CausalLM
+from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
+from ..llama.gguf import llama_gguf_config, llama_gguf_names
+from .checkpoint import GGUFCheckpoint, GGUFNames
+from .metadata import Metadata
+from .reader import GGUFFile
+from .tokenizer import TokenizerParts, gguf_tokenizer
+
+if TYPE_CHECKING:
+    from ..text import ModelTokenizer
+
+_TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+
+# general.architecture -> (metadata -> config.json, GGUF tensor names -> Hugging Face keys)
+GGUF_ARCHITECTURES: dict[
+    str, tuple[Callable[[Metadata, set[str]], dict], Callable[[Metadata, dict], GGUFNames]]
+] = {
+    "llama": (llama_gguf_config, llama_gguf_names),
+    "mistral": (llama_gguf_config, llama_gguf_names),
+    "qwen2": (llama_gguf_config, llama_gguf_names),
+    "gpt2": (gpt2_gguf_config, gpt2_gguf_names),
+}
+
+
+def read_gguf(path: str | Path) -> tuple[GGUFFile, Metadata, dict]:
+    """The file, its metadata and the config.json it amounts to (no tensor data is read)."""
+    file = GGUFFile(path)
+    meta = Metadata(file.metadata, repr(str(file.path)))
+    arch = meta.arch
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"{meta.source}: unsupported architecture {arch!r} (general.architecture); multihead "
+            f"loads GGUF architectures {', '.join(map(repr, GGUF_ARCHITECTURES))}"
+        )
+    config = GGUF_ARCHITECTURES[arch][0](meta, set(file.tensors))
+    return file, meta, config
+
+
+def load_gguf_causal_lm(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> CausalLM:
+    """The model in a GGUF file, carrying the tokenizer its metadata describes as
+    `model.tokenizer` (a `ModelTokenizer`; None when the file has none). `dtype` None: float32
+    for quantised weights, else the stored float dtype."""
+    from ..causal_lm import CAUSAL_LM_FAMILIES  # causal_lm imports this module
+    from ..loading import load_model
+
+    file, meta, config = read_gguf(path)
+    parts = gguf_tokenizer(meta)  # before the weights: a refused tokenizer costs nothing
+    tokenizer = None if parts is None else _model_tokenizer(parts)
+    del parts
+    for key in _TOKENIZER_ARRAYS:  # ~100,000 Python strings, held by the tokenizer now
+        meta.values.pop(key, None)
+    checkpoint = GGUFCheckpoint(file, GGUF_ARCHITECTURES[str(meta.arch)][1](meta, config))
+    family = CAUSAL_LM_FAMILIES[config["model_type"]]
+    model = load_model(family, config, checkpoint, dtype=dtype, device=device)
+    assert isinstance(model, CausalLM)
+    model.tokenizer = tokenizer
+    return model
+
+
+def _model_tokenizer(parts: TokenizerParts) -> ModelTokenizer:
+    from ..text import ModelTokenizer
+
+    return ModelTokenizer(
+        parts.tokenizer,
+        bos_id=parts.bos_id,
+        eos_id=parts.eos_id,
+        pad_id=parts.pad_id,
+        add_bos=parts.add_bos and parts.bos_id is not None,
+        name=parts.name,
+    )
