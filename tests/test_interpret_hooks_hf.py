@@ -8,7 +8,6 @@ import torch
 
 from helpers_bert import save_bert
 from multihead.interpret import capture, run_with_cache, run_with_hooks
-from multihead.modules.split_inputs import SPLIT_INPUT_POINTS
 from multihead.pretrained import BertEncoder, load_causal_lm, load_encoder
 
 transformers = pytest.importorskip("transformers")
@@ -129,14 +128,13 @@ def test_gpt2_logits_bit_identical_under_read_only_hooks_and_capture(tmp_path):
             ids,
             fwd_hooks=[
                 (
-                    lambda n: not n.endswith(("pattern", "scores", "result", *SPLIT_INPUT_POINTS)),
+                    lambda n: not n.endswith(("pattern", "scores", "result")),
                     lambda a, n: seen.append(n),
                 )
             ],
         )
     assert torch.equal(captured, plain) and torch.equal(read, plain)
-    # minus scores, pattern, result and the 4 per-head inputs of each layer
-    assert len(records) == 3 and len(seen) == len(cache) - 3 * 3 - 3 * 4
+    assert len(records) == 3 and len(seen) == len(cache) - 3 * 3  # minus scores, pattern, result
     for i, r in enumerate(records):
         torch.testing.assert_close(r.weights, cache["pattern", i])
 
@@ -206,10 +204,7 @@ def test_bert_encoder_module_and_packed_input(tmp_path):
     real = mask.bool()
     with torch.no_grad():
         _, packed_cache = run_with_cache(
-            model,
-            flat,
-            lengths=lengths,
-            names=lambda n: not n.endswith(("pattern", "scores", *SPLIT_INPUT_POINTS)),
+            model, flat, lengths=lengths, names=lambda n: "pattern" not in n and "scores" not in n
         )
         _, padded_cache = run_with_cache(model, padded, mask)
     assert packed_cache["z", 1].shape == (1, 13, 5, 8)

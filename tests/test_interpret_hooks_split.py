@@ -40,8 +40,12 @@ def test_split_inputs_are_on_request_and_reading_them_changes_nothing(gpt2):
     assert all(f"blocks.1.{p}" in hook_names(model) for p in SPLIT)
     with torch.no_grad():
         plain, default = run_with_cache(model, ids)
-        read, cache = run_with_cache(model, ids, names=lambda n: n.endswith(SPLIT))
+        read, cache = run_with_cache(
+            model, ids, names=[n for n in hook_names(model) if n.endswith(SPLIT)]
+        )
+        _, by_predicate = run_with_cache(model, ids, names=lambda n: True)
     assert not any(n.endswith(SPLIT) for n in default)  # not computed unless asked
+    assert not any(n.endswith(SPLIT) for n in by_predicate)  # by name only
     torch.testing.assert_close(read, plain, **CLOSE)
     for layer in range(2):
         resid = default["resid_pre", layer][:, :, None].expand(B, T, 5, 30)

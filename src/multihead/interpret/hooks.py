@@ -50,6 +50,9 @@ MODEL_ACTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed", "logits": "h
 # Computed only when asked by name (each head's (B, T, H, C) contribution is large; the
 # per-head attention inputs route the layer through a per-head projection).
 ON_REQUEST = ("hook_result", "hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
+# Selected by their names only, never by a predicate: hooking them changes how the layer runs
+# (ln1's hooks then see per-head shapes), which `lambda n: n.startswith("blocks.7.")` should not.
+BY_NAME_ONLY = ON_REQUEST[1:]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -107,7 +110,7 @@ def _select(model: nn.Module, names: NameFilter, *, default_all: bool) -> list[s
     if names is None:
         return [n for n in every if not n.endswith(ON_REQUEST)] if default_all else []
     if callable(names):
-        return [n for n in every if names(n)]
+        return [n for n in every if names(n) and not n.endswith(BY_NAME_ONLY)]
     wanted = [names] if isinstance(names, str) else list(names)
     known = set(every)
     for n in wanted:
@@ -212,8 +215,9 @@ def run_with_cache(
     """`model(*inputs, **kwargs)` and a cache of its activations, detached.
 
     `names` (or `names_filter`, TransformerLens' spelling): a name, a list of names or a
-    predicate; default every hook point except those computed on request (`hook_result`,
-    `hook_attn_in`, `hook_q_input`, `hook_k_input`, `hook_v_input`: ask for them by name).
+    predicate; default every hook point except those computed on request (`hook_result`, and
+    `hook_attn_in`, `hook_q_input`, `hook_k_input`, `hook_v_input`, which a predicate never
+    selects either: ask for them by name).
     `device`: where to keep them (default: where they are). `ungroup_grouped_query_attention`:
     store hook_k, hook_v and hook_rot_k per query head (B, T, H, D), each query head's copy of
     the key/value head it reads, instead of per key/value head (B, T, Hkv, D) (TransformerLens'
