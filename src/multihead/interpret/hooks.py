@@ -7,10 +7,12 @@
         model(ids)                                           # a context manager form
 
 Names: `hook_names(model)` lists them (`hook_embed`, `hook_pos_embed`, `blocks.{i}.hook_resid_pre`,
-`blocks.{i}.attn.hook_q` ... `hook_z`, `hook_result`, `blocks.{i}.hook_attn_out`, `hook_resid_mid`,
-`hook_mlp_out`, `hook_resid_post`, `ln_final.hook_normalized`; cross-attention blocks have
-`blocks.{i}.cross_attn.*`). A hook is `fn(activation, name)`: it returns None to read, or a
-tensor of the same shape to replace the activation.
+`blocks.{i}.ln1.hook_scale`, `hook_normalized`, `blocks.{i}.attn.hook_q` ... `hook_z`,
+`hook_result`, `blocks.{i}.hook_attn_out`, `hook_resid_mid`, `blocks.{i}.ln2.*`,
+`blocks.{i}.mlp.hook_pre`, `hook_post` (gated: `hook_pre_linear`), `hook_mlp_out`,
+`hook_resid_post`, `ln_final.hook_scale`, `ln_final.hook_normalized`, `hook_logits`;
+cross-attention blocks have `blocks.{i}.cross_attn.*`). A hook is `fn(activation, name)`: it
+returns None to read, or a tensor of the same shape to replace the activation.
 
 Hooks live only inside the call (or `with` block) that set them, only in this thread (context),
 and only on the model given: see `multihead.hook_points`.
@@ -32,10 +34,26 @@ from .steps import call_target, combine, ran
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
 ATTENTION_ACTS = {"q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result"}
-BLOCK_ACTS = {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"}
-MODEL_ACTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
-# Computed only when asked by name (each head's (B, T, H, C) contribution is large).
-ON_REQUEST = ("hook_result",)
+BLOCK_ACTS = {
+    "resid_pre",
+    "resid_mid",
+    "resid_post",
+    "attn_out",
+    "mlp_out",
+    "attn_in",
+    "q_input",
+    "k_input",
+    "v_input",
+}
+MLP_ACTS = {"pre", "post", "pre_linear"}
+NORM_ACTS = {"scale", "normalized"}
+MODEL_ACTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed", "logits": "hook_logits"}
+# Computed only when asked by name (each head's (B, T, H, C) contribution is large; the
+# per-head attention inputs route the layer through a per-head projection).
+ON_REQUEST = ("hook_result", "hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
+# Selected by their names only, never by a predicate: hooking them changes how the layer runs
+# (ln1's hooks then see per-head shapes), which `lambda n: n.startswith("blocks.7.")` should not.
+BY_NAME_ONLY = ON_REQUEST[1:]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -63,14 +81,23 @@ def hook_names(model: nn.Module) -> list[str]:
 
 def act_name(name: str, layer: int | None = None, component: str = "attn") -> str:
     """TransformerLens' shorthand: ("pattern", 1) -> "blocks.1.attn.hook_pattern",
-    ("resid_post", 0) -> "blocks.0.hook_resid_post", "embed" -> "hook_embed";
-    `component="cross_attn"` for a decoder block's cross-attention."""
+    ("resid_post", 0) -> "blocks.0.hook_resid_post", ("post", 0) -> "blocks.0.mlp.hook_post",
+    ("scale", 0, "ln1") -> "blocks.0.ln1.hook_scale", "embed" -> "hook_embed", "scale" ->
+    "ln_final.hook_scale"; `component="cross_attn"` for a decoder block's cross-attention."""
     if layer is None:
         if name in MODEL_ACTS:
             return MODEL_ACTS[name]
         if name in ("normalized", "ln_final"):
             return "ln_final.hook_normalized"
+        if name == "scale":
+            return "ln_final.hook_scale"
         return name
+    if name in MLP_ACTS:
+        return f"blocks.{layer}.mlp.hook_{name}"
+    if name in NORM_ACTS:
+        if component not in ("ln1", "ln2"):
+            raise KeyError(f"{name!r} of layer {layer} needs component 'ln1' or 'ln2'")
+        return f"blocks.{layer}.{component}.hook_{name}"
     if name in ATTENTION_ACTS:
         return f"blocks.{layer}.{component}.hook_{name}"
     if name in BLOCK_ACTS:
@@ -84,7 +111,7 @@ def _select(model: nn.Module, names: NameFilter, *, default_all: bool) -> list[s
     if names is None:
         return [n for n in every if not n.endswith(ON_REQUEST)] if default_all else []
     if callable(names):
-        return [n for n in every if names(n)]
+        return [n for n in every if names(n) and not n.endswith(BY_NAME_ONLY)]
     wanted = [names] if isinstance(names, str) else list(names)
     known = set(every)
     for n in wanted:
@@ -183,21 +210,34 @@ def run_with_cache(
     *inputs: Any,
     names: NameFilter = None,
     device: torch.device | str | None = None,
+    names_filter: NameFilter = None,
+    ungroup_grouped_query_attention: bool = False,
     **kwargs: Any,
 ) -> tuple[Any, ActivationCache]:
     """`model(*inputs, **kwargs)` and a cache of its activations, detached.
 
-    `names`: a name, a list of names or a predicate; default every hook point except
-    `hook_result` (ask for it by name). `device`: where to keep them (default: where they are).
+    `names` (or `names_filter`, TransformerLens' spelling): a name, a list of names or a
+    predicate; default every hook point except those computed on request (`hook_result`, and
+    `hook_attn_in`, `hook_q_input`, `hook_k_input`, `hook_v_input`, which a predicate never
+    selects either: ask for them by name).
+    `device`: where to keep them (default: where they are). `ungroup_grouped_query_attention`:
+    store hook_k, hook_v and hook_rot_k per query head (B, T, H, D), each query head's copy of
+    the key/value head it reads, instead of per key/value head (B, T, Hkv, D) (TransformerLens'
+    config flag of that name; the model computes with the grouped heads either way).
     The model computes exactly what it computes without the cache. `model` may be a bound
     method that runs the model several times: `model.generate` gives one cache over the
     generated sequence, `encoder.encode` a list of caches, one per text (see `interpret.steps`).
     """
+    if names is not None and names_filter is not None:
+        raise TypeError("run_with_cache got both names and names_filter (the same argument)")
     model, call = call_target(model, unwrap)
-    selected = _select(model, names, default_all=True)
+    selected = _select(model, names if names_filter is None else names_filter, default_all=True)
     store: dict[str, list[Tensor]] = {}
+    repeats = _kv_repeats(model) if ungroup_grouped_query_attention else {}
 
     def save(activation: Tensor, name: str) -> None:
+        if name in repeats:  # (B, T, Hkv, D) -> (B, T, H, D): query head h reads kv head h // r
+            activation = activation.repeat_interleave(repeats[name], dim=2)
         kept = activation.detach() if device is None else activation.detach().to(device)
         store.setdefault(name, []).append(kept)
 
@@ -205,3 +245,14 @@ def run_with_cache(
     with session.active():
         out = ran(call(*inputs, **kwargs), call)
     return out, combine(call, store)
+
+
+def _kv_repeats(model: nn.Module) -> dict[str, int]:
+    """Hook name -> query heads per key/value head, for the key/value points of grouped
+    attention modules."""
+    repeats = {}
+    for name, module, point in hook_point_names(model):
+        groups = getattr(module, "num_heads", 1) // getattr(module, "num_kv_heads", 1)
+        if point in ("hook_k", "hook_v", "hook_rot_k") and groups > 1:
+            repeats[name] = groups
+    return repeats
