@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hook_points import HookFn, HookSession, hook_point_names
+from .cache_algebra import CacheAlgebra
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
@@ -132,12 +133,18 @@ def run_with_hooks(
         return model(*inputs, **kwargs)
 
 
-class ActivationCache(Mapping[str, Tensor]):
+class ActivationCache(CacheAlgebra, Mapping[str, Tensor]):
     """Activations by hook name; `cache["pattern", 1]` and `cache["embed"]` are TransformerLens'
-    shorthands."""
+    shorthands. With the `model` they came from, the residual-stream algebra of
+    `cache_algebra.CacheAlgebra` (accumulated_resid, decompose_resid, stack_head_results,
+    apply_ln_to_stack, logit_attrs, remove_batch_dim)."""
 
-    def __init__(self, store: dict[str, Tensor]) -> None:
+    def __init__(
+        self, store: dict[str, Tensor], model: nn.Module | None = None, has_batch_dim: bool = True
+    ) -> None:
         self._store = store
+        self.model = model
+        self.has_batch_dim = has_batch_dim
 
     def _key(self, key: str | tuple) -> str:
         if isinstance(key, tuple):
@@ -199,4 +206,4 @@ def run_with_cache(
     session = HookSession(model, [(n, save) for n in selected], writes=False)
     with session.active():
         out = model(*inputs, **kwargs)
-    return out, ActivationCache(store)
+    return out, ActivationCache(store, model)
