@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..table import format_table
 from .ablation import replace_heads
 from .hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
+from .patch_batched import BatchedPatcher, batched_refusal
 from .scope import attention_hook_names
 
 Metric = Callable[[Any], "Tensor | float"]
@@ -107,6 +108,8 @@ def patch(
     heads: bool = True,
     head_positions: bool = False,
     resid: str | Sequence[str] = (),
+    engine: str = "auto",
+    batch_size: int | None = None,
     **kwargs: Any,
 ) -> PatchResult:
     """Patch activations of the clean run into the corrupted run, one at a time.
@@ -118,9 +121,20 @@ def patch(
     `head_positions`: also each head at each position -> `.head_positions` (L, H, T).
     `resid`: "resid_pre" and/or "resid_post": each block's residual stream at each position
     -> `.resid[name]` (L, T).
+    `engine`: "batched" runs many patches per forward and the unchanged prefix of layers
+    once (see `patch_batched`; CausalLM in eval mode, input_ids plus an optional
+    attention_mask); "loop" runs one whole forward per patch; "auto" (default) takes "batched"
+    where it can run. Both give the same fractions up to float rounding. `batch_size`: patches
+    per batched forward (default: as many as keep the logits near 256 MB).
     Raises ValueError when the metric is the same on both inputs (nothing to recover).
     """
     model = unwrap(model)
+    if engine not in ("auto", "batched", "loop"):
+        raise ValueError(f"engine must be 'auto', 'batched' or 'loop', got {engine!r}")
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     clean_in, corrupted_in = _as_inputs(clean), _as_inputs(corrupted)
     for a, b in zip(clean_in, corrupted_in, strict=False):
         if isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape != b.shape:
@@ -139,11 +153,13 @@ def patch(
         blocks += 1
     if streams and blocks == 0:
         raise ValueError(f"{type(model).__name__} has no blocks.{{i}}.hook_resid_* hook points")
+    refusal = batched_refusal(model, clean_in, kwargs)
+    if engine == "batched" and refusal is not None:
+        raise ValueError(f"engine='batched' cannot run this call: {refusal}")
+    use_batched = engine != "loop" and refusal is None
 
-    wanted = [name for name, _ in rows] if heads or head_positions else []
-    wanted += [act_name(s, i) for s in streams for i in range(blocks)]
     with torch.no_grad():
-        clean_out, cache = run_with_cache(model, *clean_in, names=wanted, **kwargs)
+        clean_out = model(*clean_in, **kwargs)
         clean_value = _value(metric, clean_out)
         corrupted_value = _value(metric, model(*corrupted_in, **kwargs))
         difference = clean_value - corrupted_value
@@ -152,38 +168,41 @@ def patch(
                 f"the metric is {clean_value} on both the clean and the corrupted input: "
                 "there is no difference to recover"
             )
+        if use_batched:
+            patcher = BatchedPatcher(
+                model,
+                clean_in[0],
+                corrupted_in[0],
+                kwargs.get("attention_mask"),
+                lambda out: _value(metric, out),
+                batch_size,
+            )
 
-        def recovered(fwd_hooks: list) -> float:
-            out = run_with_hooks(model, *corrupted_in, fwd_hooks=fwd_hooks, **kwargs)
-            return (_value(metric, out) - corrupted_value) / difference
+            def batched_grid(by_position: bool) -> Tensor:
+                return torch.stack([patcher.heads(i, by_position) for i in range(len(rows))])
 
-        def head_grid(by_position: bool) -> Tensor:
-            H = max(count for _, count in rows)
-            T = cache[rows[0][0]].shape[1] if rows else 0
-            grid = torch.full((len(rows), H, T) if by_position else (len(rows), H), float("nan"))
-            for layer, (name, count) in enumerate(rows):
-                clean_z = cache[name]  # (B, T, H, D)
-                for head in range(count):
-                    value = clean_z[:, :, [head]]
-                    if by_position:
-                        for pos in range(T):
-                            fn = replace_heads([head], value, positions=[pos])
-                            grid[layer, head, pos] = recovered([(name, fn)])
-                    else:
-                        grid[layer, head] = recovered([(name, replace_heads([head], value))])
-            return grid
+            head_result = batched_grid(False) if heads else None
+            head_pos_result = batched_grid(True) if head_positions else None
+            resid_result = {
+                stream: torch.stack(
+                    [patcher.stream(i + (stream == "resid_post")) for i in range(blocks)]
+                )
+                for stream in streams
+            }
 
-        head_result = head_grid(False) if heads else None
-        head_pos_result = head_grid(True) if head_positions else None
-        resid_result: dict[str, Tensor] = {}
-        for stream in streams:
-            T = cache[act_name(stream, 0)].shape[1]
-            grid = torch.empty(blocks, T)
-            for layer in range(blocks):
-                name = act_name(stream, layer)
-                for pos in range(T):
-                    grid[layer, pos] = recovered([(name, _patch_positions(cache[name], pos))])
-            resid_result[stream] = grid
+            def fractions(metrics: Tensor | None) -> Any:
+                return None if metrics is None else (metrics - corrupted_value) / difference
+
+            head_result, head_pos_result = fractions(head_result), fractions(head_pos_result)
+            resid_result = {k: fractions(v) for k, v in resid_result.items()}
+        else:
+            wanted = [name for name, _ in rows] if heads or head_positions else []
+            wanted += [act_name(s, i) for s in streams for i in range(blocks)]
+            _, cache = run_with_cache(model, *clean_in, names=wanted, **kwargs)
+            head_result, head_pos_result, resid_result = _loop(
+                model, corrupted_in, kwargs, metric, cache, rows, streams, blocks,
+                heads, head_positions, corrupted_value, difference,
+            )  # fmt: skip
     return PatchResult(
         clean_value,
         corrupted_value,
@@ -192,3 +211,53 @@ def patch(
         resid_result,
         tuple(name for name, _ in rows),
     )
+
+
+def _loop(
+    model: nn.Module,
+    corrupted_in: tuple,
+    kwargs: dict[str, Any],
+    metric: Metric,
+    cache: Any,
+    rows: list[tuple[str, int]],
+    streams: list[str],
+    blocks: int,
+    heads: bool,
+    head_positions: bool,
+    corrupted_value: float,
+    difference: float,
+) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
+    """The reference engine: one forward of the whole model per patched activation."""
+
+    def recovered(fwd_hooks: list) -> float:
+        out = run_with_hooks(model, *corrupted_in, fwd_hooks=fwd_hooks, **kwargs)
+        return (_value(metric, out) - corrupted_value) / difference
+
+    def head_grid(by_position: bool) -> Tensor:
+        H = max(count for _, count in rows)
+        T = cache[rows[0][0]].shape[1] if rows else 0
+        grid = torch.full((len(rows), H, T) if by_position else (len(rows), H), float("nan"))
+        for layer, (name, count) in enumerate(rows):
+            clean_z = cache[name]  # (B, T, H, D)
+            for head in range(count):
+                value = clean_z[:, :, [head]]
+                if by_position:
+                    for pos in range(T):
+                        fn = replace_heads([head], value, positions=[pos])
+                        grid[layer, head, pos] = recovered([(name, fn)])
+                else:
+                    grid[layer, head] = recovered([(name, replace_heads([head], value))])
+        return grid
+
+    head_result = head_grid(False) if heads else None
+    head_pos_result = head_grid(True) if head_positions else None
+    resid_result: dict[str, Tensor] = {}
+    for stream in streams:
+        T = cache[act_name(stream, 0)].shape[1]
+        grid = torch.empty(blocks, T)
+        for layer in range(blocks):
+            name = act_name(stream, layer)
+            for pos in range(T):
+                grid[layer, pos] = recovered([(name, _patch_positions(cache[name], pos))])
+        resid_result[stream] = grid
+    return head_result, head_pos_result, resid_result
