@@ -105,9 +105,9 @@ class BatchedPatcher:
         streams = [act_name("resid_pre", i) for i in range(L)]
         streams.append(act_name("resid_post", L - 1))
         zs = [act_name("z", i) for i in range(L)]
-        kwargs = {"attention_mask": attention_mask}
-        _, self.clean = run_with_cache(model, clean_ids, names=streams + zs, **kwargs)
-        _, self.corrupted = run_with_cache(model, corrupted_ids, names=streams, **kwargs)
+        mask = attention_mask
+        _, self.clean = run_with_cache(model, clean_ids, names=streams + zs, attention_mask=mask)
+        _, self.corrupted = run_with_cache(model, corrupted_ids, names=streams, attention_mask=mask)
         self.suffix = Suffix.of(model, corrupted_ids, attention_mask)
         if per_forward is None:
             vocab = model.config.vocab_size

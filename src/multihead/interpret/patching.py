@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from ..modules.lm import CausalLM
 from ..table import format_table
 from .ablation import replace_heads
 from .hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
@@ -170,7 +171,7 @@ def patch(
             )
         if use_batched:
             patcher = BatchedPatcher(
-                model,
+                cast(CausalLM, model),
                 clean_in[0],
                 corrupted_in[0],
                 kwargs.get("attention_mask"),
