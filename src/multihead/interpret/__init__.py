@@ -7,6 +7,7 @@ from .capture import AttentionRecord, Records, capture
 from .gates import head_gates
 from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
 from .lens import LensResult, logit_lens
+from .patch_attribution import attribution_patch
 from .patching import PatchResult, patch
 from .scope import attention_modules
 
@@ -20,6 +21,7 @@ __all__ = [
     "ablate",
     "act_name",
     "attention_modules",
+    "attribution_patch",
     "capture",
     "direct_logit_attribution",
     "head_gates",
