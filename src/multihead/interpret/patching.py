@@ -48,25 +48,43 @@ class PatchResult:
     resid: dict[str, Tensor] = field(default_factory=dict)  # name -> (L, T)
     layer_names: tuple[str, ...] = ()  # the hook_z name of each row of `heads`
 
-    def table(self, top: int = 10) -> str:
-        """The `top` heads (and residual positions) by |fraction recovered|, largest first."""
+    def sections(self) -> list[str]:
+        """The kinds of patch this result holds: "heads", "head_positions", then its streams."""
+        kinds = [k for k in ("heads", "head_positions") if getattr(self, k) is not None]
+        return kinds + list(self.resid)
+
+    def _entries(self, kind: str) -> list[tuple[str, float]]:
+        if kind == "heads" and self.heads is not None:
+            L, H = self.heads.shape
+            return [(f"L{i} H{h}", float(self.heads[i, h])) for i in range(L) for h in range(H)]
+        if kind == "head_positions" and self.head_positions is not None:
+            L, H, T = self.head_positions.shape
+            grid = self.head_positions
+            return [
+                (f"L{i} H{h} pos {p}", float(grid[i, h, p]))
+                for i in range(L)
+                for h in range(H)
+                for p in range(T)
+            ]
+        if kind in self.resid:
+            grid = self.resid[kind]
+            return [
+                (f"{kind} L{i} pos {p}", float(grid[i, p]))
+                for i in range(grid.shape[0])
+                for p in range(grid.shape[1])
+            ]
+        raise ValueError(f"kind must be one of {self.sections()}, got {kind!r}")
+
+    def table(self, top: int = 10, kind: str | Sequence[str] | None = None) -> str:
+        """The `top` entries by |fraction recovered|, largest first, in one section per kind
+        (heads, heads by position, each residual stream), so that one kind cannot crowd out
+        another; `kind` shows only the kinds named (see `sections()`)."""
+        kinds = self.sections() if kind is None else [kind] if isinstance(kind, str) else kind
         lines = [f"metric: clean {self.clean:.4g}, corrupted {self.corrupted:.4g}"]
-        entries: list[tuple[str, float]] = []
-        if self.heads is not None:
-            entries += [
-                (f"L{layer} H{head}", float(self.heads[layer, head]))
-                for layer in range(self.heads.shape[0])
-                for head in range(self.heads.shape[1])
-            ]
-        for name, grid in self.resid.items():
-            entries += [
-                (f"{name} L{layer} pos {pos}", float(grid[layer, pos]))
-                for layer in range(grid.shape[0])
-                for pos in range(grid.shape[1])
-            ]
-        entries.sort(key=lambda e: -abs(e[1]))
-        rows = [[where, f"{value:.3f}"] for where, value in entries[:top]]
-        lines.append(format_table(["patched", "recovered"], rows))
+        for k in kinds:
+            entries = sorted(self._entries(k), key=lambda e: -abs(e[1]))
+            rows = [[where, f"{value:.3f}"] for where, value in entries[:top]]
+            lines += ["", format_table([f"patched ({k})", "recovered"], rows)]
         return "\n".join(lines)
 
     def __str__(self) -> str:
