@@ -126,7 +126,7 @@ def test_names_are_listed_in_the_order_they_fire():
     fired = fired_names(learned, ids)
     assert [n for n in hook_names(learned) if "rot_" not in n] == fired
     assert fired[:3] == ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
-    assert fired[-1] == "ln_final.hook_normalized"
+    assert fired[-3:] == ["ln_final.hook_scale", "ln_final.hook_normalized", "hook_logits"]
     _, default = run_with_cache(learned, ids)  # hook_result only when asked by name
     assert list(default) == [n for n in fired if not n.endswith("hook_result")]
     assert default.stack("pattern").shape == (2, B, 4, T, T)

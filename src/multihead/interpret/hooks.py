@@ -7,10 +7,12 @@
         model(ids)                                           # a context manager form
 
 Names: `hook_names(model)` lists them (`hook_embed`, `hook_pos_embed`, `blocks.{i}.hook_resid_pre`,
-`blocks.{i}.attn.hook_q` ... `hook_z`, `hook_result`, `blocks.{i}.hook_attn_out`, `hook_resid_mid`,
-`hook_mlp_out`, `hook_resid_post`, `ln_final.hook_normalized`; cross-attention blocks have
-`blocks.{i}.cross_attn.*`). A hook is `fn(activation, name)`: it returns None to read, or a
-tensor of the same shape to replace the activation.
+`blocks.{i}.ln1.hook_scale`, `hook_normalized`, `blocks.{i}.attn.hook_q` ... `hook_z`,
+`hook_result`, `blocks.{i}.hook_attn_out`, `hook_resid_mid`, `blocks.{i}.ln2.*`,
+`blocks.{i}.mlp.hook_pre`, `hook_post` (gated: `hook_pre_linear`), `hook_mlp_out`,
+`hook_resid_post`, `ln_final.hook_scale`, `ln_final.hook_normalized`, `hook_logits`;
+cross-attention blocks have `blocks.{i}.cross_attn.*`). A hook is `fn(activation, name)`: it
+returns None to read, or a tensor of the same shape to replace the activation.
 
 Hooks live only inside the call (or `with` block) that set them, only in this thread (context),
 and only on the model given: see `multihead.hook_points`.
@@ -32,8 +34,20 @@ from .cache_algebra import CacheAlgebra
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
 ATTENTION_ACTS = {"q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result"}
-BLOCK_ACTS = {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"}
-MODEL_ACTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
+BLOCK_ACTS = {
+    "resid_pre",
+    "resid_mid",
+    "resid_post",
+    "attn_out",
+    "mlp_out",
+    "attn_in",
+    "q_input",
+    "k_input",
+    "v_input",
+}
+MLP_ACTS = {"pre", "post", "pre_linear"}
+NORM_ACTS = {"scale", "normalized"}
+MODEL_ACTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed", "logits": "hook_logits"}
 # Computed only when asked by name (each head's (B, T, H, C) contribution is large).
 ON_REQUEST = ("hook_result",)
 
@@ -63,14 +77,23 @@ def hook_names(model: nn.Module) -> list[str]:
 
 def act_name(name: str, layer: int | None = None, component: str = "attn") -> str:
     """TransformerLens' shorthand: ("pattern", 1) -> "blocks.1.attn.hook_pattern",
-    ("resid_post", 0) -> "blocks.0.hook_resid_post", "embed" -> "hook_embed";
-    `component="cross_attn"` for a decoder block's cross-attention."""
+    ("resid_post", 0) -> "blocks.0.hook_resid_post", ("post", 0) -> "blocks.0.mlp.hook_post",
+    ("scale", 0, "ln1") -> "blocks.0.ln1.hook_scale", "embed" -> "hook_embed", "scale" ->
+    "ln_final.hook_scale"; `component="cross_attn"` for a decoder block's cross-attention."""
     if layer is None:
         if name in MODEL_ACTS:
             return MODEL_ACTS[name]
         if name in ("normalized", "ln_final"):
             return "ln_final.hook_normalized"
+        if name == "scale":
+            return "ln_final.hook_scale"
         return name
+    if name in MLP_ACTS:
+        return f"blocks.{layer}.mlp.hook_{name}"
+    if name in NORM_ACTS:
+        if component not in ("ln1", "ln2"):
+            raise KeyError(f"{name!r} of layer {layer} needs component 'ln1' or 'ln2'")
+        return f"blocks.{layer}.{component}.hook_{name}"
     if name in ATTENTION_ACTS:
         return f"blocks.{layer}.{component}.hook_{name}"
     if name in BLOCK_ACTS:

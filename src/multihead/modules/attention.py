@@ -36,6 +36,7 @@ from .projections import (
     project_packed,
     split_fused,
 )
+from .weights import AttentionWeights
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -44,7 +45,7 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(AttentionWeights, nn.Module):
     """Multi-head attention with grouped-query support: self or cross, masked, causal.
 
     Self-attention with `kdim == vdim == embed_dim` uses one packed projection `in_proj`
@@ -66,6 +67,9 @@ class MultiHeadAttention(nn.Module):
     Hook points (see `multihead.interpret`): hook_q, hook_k, hook_v (B, T, H or Hkv, D; before
     rotation), hook_rot_q, hook_rot_k (after RoPE; only with it), hook_attn_scores, hook_pattern
     (B, H, Tq, Tk), hook_z (B, Tq, H, D), hook_result (B, Tq, H, C).
+
+    Per-head weights by TransformerLens' names (W_Q, W_K, W_V, W_O, b_*, _W_K, QK, OV): see
+    `multihead.modules.weights`.
     """
 
     hook_points: tuple[str, ...] = ATTENTION_HOOK_POINTS

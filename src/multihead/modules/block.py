@@ -11,11 +11,14 @@ Hook points: hook_resid_pre (what the block receives), hook_attn_out (the attent
 output, after dropout), hook_resid_mid (the stream between attention and MLP: after norm1 in a
 post-norm block), hook_cross_attn_out and hook_resid_mid_cross (decoder blocks), hook_mlp_out,
 hook_resid_post (what the next block receives: after norm2 in a post-norm block).
+Children by TransformerLens' names: ln1.* / ln2.* (the norms' hook_scale, hook_normalized;
+attributes norm1 / norm2, aliased as ln1 / ln2), mlp.* (hook_pre, hook_post ...; attribute ffn).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 from torch import Tensor, nn
 
@@ -37,17 +40,50 @@ BLOCK_HOOK_POINTS = (
 CROSS_HOOK_POINTS = ("hook_cross_attn_out", "hook_resid_mid_cross")
 
 
+# Forward order of points and children, for hook_names: the norms run before their branch in a
+# pre-norm block, after the residual sum in a post-norm one.
+PRE_NORM_ORDER = (
+    "hook_resid_pre",
+    "norm1",
+    "attn",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "norm_cross",
+    "cross_attn",
+    "hook_cross_attn_out",
+    "hook_resid_mid_cross",
+    "norm2",
+    "ffn",
+    "hook_mlp_out",
+    "hook_resid_post",
+)
+POST_NORM_ORDER = (
+    "hook_resid_pre",
+    "attn",
+    "hook_attn_out",
+    "norm1",
+    "hook_resid_mid",
+    "cross_attn",
+    "hook_cross_attn_out",
+    "norm_cross",
+    "hook_resid_mid_cross",
+    "ffn",
+    "hook_mlp_out",
+    "norm2",
+    "hook_resid_post",
+)
+
+
 class TransformerBlock(nn.Module):
     hook_points: tuple[str, ...] = BLOCK_HOOK_POINTS
-    hook_order = (  # forward order, for hook_names
-        "hook_resid_pre",
-        "attn",
-        "hook_attn_out",
-        "hook_resid_mid",
-        "cross_attn",
-        "hook_cross_attn_out",
-        "hook_resid_mid_cross",
-    )
+    # TransformerLens' names for the children (blocks.{i}.ln1.hook_scale, blocks.{i}.mlp.hook_post);
+    # the attributes, and so the state_dict keys, keep theirs (ln1/ln2/mlp are aliases below).
+    hook_alias: ClassVar[dict[str, str]] = {
+        "norm1": "ln1",
+        "norm2": "ln2",
+        "norm_cross": "ln_cross",
+        "ffn": "mlp",
+    }
 
     def __init__(
         self,
@@ -127,6 +163,20 @@ class TransformerBlock(nn.Module):
         if self.ffn is None:
             self.hook_points = tuple(p for p in self.hook_points if p != "hook_mlp_out")
         self.dropout = nn.Dropout(dropout)
+        self.hook_order = PRE_NORM_ORDER if norm_first else POST_NORM_ORDER
+
+    # TransformerLens' attribute names, beside ours (not registered twice: state_dict unchanged)
+    @property
+    def ln1(self) -> nn.Module:
+        return self.norm1
+
+    @property
+    def ln2(self) -> nn.Module | None:
+        return self.norm2
+
+    @property
+    def mlp(self) -> nn.Module | None:
+        return self.ffn
 
     def forward(
         self,

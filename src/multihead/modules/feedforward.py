@@ -1,6 +1,12 @@
 """Position-wise feed-forward networks: Linear -> activation -> Linear.
 
 Shapes: (..., C) -> (..., hidden) -> (..., C).
+
+Hook points (TransformerLens' names): FeedForward hook_pre (fc1's output, before the
+activation) and hook_post (after it: the neurons, what fc2 reads); SwiGLU (TransformerLens'
+GatedMLP) hook_pre (the gate's pre-activation), hook_pre_linear (the up projection) and hook_post
+(silu(gate) * up, what down reads). All (..., hidden). With no hooks the forward is the plain
+one (in-place activation, chunked rows).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..hook_points import hooks_for
 from .projections import _plain
 
 
@@ -77,6 +84,8 @@ CHUNK_ROWS = 2048
 class FeedForward(nn.Module):
     """`fc2(dropout(act(fc1(x))))`: the MLP of BERT and GPT-2 style blocks."""
 
+    hook_points = ("hook_pre", "hook_post")
+
     def __init__(
         self,
         dim: int,
@@ -100,6 +109,11 @@ class FeedForward(nn.Module):
         return f"activation={self.activation_name}"
 
     def forward(self, x: Tensor) -> Tensor:
+        hooks = hooks_for(self)
+        if hooks is not None:
+            # Out of place: a hook may hold on to the pre-activation (a cache).
+            h = self.act(hooks("hook_pre", self.fc1(x)))
+            return self.fc2(self.dropout(hooks("hook_post", h)))
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if rows > CHUNK_ROWS and not torch.is_grad_enabled() and self._plain_linears():
             return self._forward_chunked(x)
@@ -132,6 +146,8 @@ class FeedForward(nn.Module):
 class SwiGLU(nn.Module):
     """`down(silu(gate(x)) * up(x))` (Shazeer 2020), the MLP of LLaMA-style blocks."""
 
+    hook_points = ("hook_pre", "hook_pre_linear", "hook_post")
+
     def __init__(self, dim: int, hidden_dim: int, *, bias: bool = False, device=None, dtype=None):
         super().__init__()
         self.gate = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
@@ -139,4 +155,9 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden_dim, dim, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        hooks = hooks_for(self)
+        if hooks is None:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate = hooks("hook_pre", self.gate(x))
+        up = hooks("hook_pre_linear", self.up(x))
+        return self.down(hooks("hook_post", F.silu(gate) * up))

@@ -25,6 +25,7 @@ from .block import TransformerBlock, make_blocks
 from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
+from .weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -69,16 +70,23 @@ class LMConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
 
-class CausalLM(nn.Module):
+class CausalLM(ModelWeights, nn.Module):
     """Token (+ learned position) embeddings, pre-norm blocks, a final norm and the LM head.
 
     Hook points (see `multihead.interpret`): hook_embed, hook_pos_embed (learned positions),
-    blocks.{i}.* (see TransformerBlock and MultiHeadAttention), ln_final.hook_normalized.
+    blocks.{i}.* (see TransformerBlock and MultiHeadAttention), ln_final.hook_scale,
+    ln_final.hook_normalized, and hook_logits (B, T, V): the output of `forward` (TransformerLens
+    has no logits hook; this one may be read or replaced like any other).
+
+    Module paths use our attribute names (`layers.{i}`, `norm_f`: the state_dict keys); the
+    TransformerLens names `blocks` and `ln_final` are aliases of the same modules. Weights by
+    TransformerLens' names (W_E, W_pos, W_U, b_U, W_Q ... b_O, W_in ..., QK, OV,
+    all_composition_scores): see `multihead.modules.weights`.
     """
 
-    hook_points: tuple[str, ...] = ("hook_embed", "hook_pos_embed", "ln_final.hook_normalized")
-    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
-    hook_order = ("hook_embed", "hook_pos_embed", "layers")  # then ln_final.hook_normalized
+    hook_points: tuple[str, ...] = ("hook_embed", "hook_pos_embed", "hook_logits")
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks", "norm_f": "ln_final"}
+    hook_order = ("hook_embed", "hook_pos_embed", "layers", "norm_f", "hook_logits")
 
     def __init__(self, config: LMConfig, device=None, dtype=None, *, init: bool = True) -> None:
         """`init=False` skips `init_weights` (GPT-2's scheme, see modules/init.py). Checkpoint
@@ -96,7 +104,7 @@ class CausalLM(nn.Module):
             else None
         )
         if self.pos is None:  # RoPE / ALiBi: no position embedding to show
-            self.hook_points = ("hook_embed", "ln_final.hook_normalized")
+            self.hook_points = ("hook_embed", "hook_logits")
         self.drop = nn.Dropout(config.dropout)
 
         # One RoPE module shared by every layer (it holds no weights, only its frequencies).
@@ -139,6 +147,20 @@ class CausalLM(nn.Module):
                 w = module.weight if isinstance(module, nn.Linear) else None
                 if w is not None and not (w.dim() == 2 and w.t().is_contiguous()):
                     module.weight.data = w.data.t().contiguous().t()
+
+    def weight_parts(self) -> dict[str, nn.Module | None]:
+        """For W_E, W_pos, W_U, b_U (see `multihead.modules.weights`)."""
+        return {"embed": self.tok, "pos": self.pos, "unembed": self.head}
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """TransformerLens' name for `layers` (the same modules)."""
+        return self.layers
+
+    @property
+    def ln_final(self) -> nn.Module:
+        """TransformerLens' name for `norm_f` (the same module)."""
+        return self.norm_f
 
     def logits(self, h: Tensor) -> Tensor:
         """(..., C) -> (..., V) through the output head, in whichever layout it has."""
@@ -203,7 +225,8 @@ class CausalLM(nn.Module):
             positions=positions,
             last_only=last_only,
         )
-        return self.logits(h)
+        hooks = hooks_for(self)
+        return self.logits(h) if hooks is None else hooks("hook_logits", self.logits(h))
 
     def hidden_states(
         self,
@@ -274,10 +297,7 @@ class CausalLM(nn.Module):
             )
         if last_only:
             x = x[:, -1:]
-        x = self.norm_f(x)
-        if hooks is not None:
-            x = hooks("ln_final.hook_normalized", x)
-        return x
+        return self.norm_f(x)
 
     def _positions(
         self,

@@ -1,28 +1,107 @@
-"""Normalisation layers: RMSNorm (Zhang & Sennrich 2019) beside torch's LayerNorm."""
+"""Normalisation layers: LayerNorm and RMSNorm (Zhang & Sennrich 2019) with TransformerLens'
+hook points, and their scale-only forms (`LayerNormPre`, `RMSNormPre`) that weight folding
+leaves behind (see `multihead.modules.folding`).
+
+Hook points (as TransformerLens'): hook_scale (..., 1), the divisor of the centred (LayerNorm)
+or raw (RMSNorm) input, sqrt(mean(x^2) + eps); hook_normalized (..., C), the norm's output
+(after its weight and bias). With no hooks the forward is the plain one (F.layer_norm). Hooks
+on hook_scale see the scale computed beside the model's own computation, which stays exactly as
+it is unless a hook returns a replacement (freezing a norm): then the output is the explicit
+formula, divided by the replacement.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..hook_points import ModuleHooks, hooks_for
+
+NORM_HOOK_POINTS = ("hook_scale", "hook_normalized")
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm (same parameters and state_dict keys) with hook_scale and
+    hook_normalized."""
+
+    hook_points = NORM_HOOK_POINTS
+
+    def forward(self, x: Tensor) -> Tensor:
+        hooks = hooks_for(self)
+        if hooks is None:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return _hooked(self, x, hooks, centre=True)
+
+    def plain(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and cast back."""
 
-    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+    hook_points = NORM_HOOK_POINTS
+
+    def __init__(
+        self, dim: int, eps: float = 1e-6, device=None, dtype=None, *, elementwise_affine=True
+    ) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.normalized_shape = (dim,)
+        self.weight: nn.Parameter | None = None
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = None  # RMSNorm has none; named so the folding code reads both norms alike
 
     def forward(self, x: Tensor) -> Tensor:
+        hooks = hooks_for(self)
+        if hooks is not None:
+            return _hooked(self, x, hooks, centre=False)
+        return self.plain(x)
+
+    def plain(self, x: Tensor) -> Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return h.to(x.dtype) * self.weight
+        return h.to(x.dtype) if self.weight is None else h.to(x.dtype) * self.weight
 
 
-def make_norm(kind: str, dim: int, eps: float, **factory) -> nn.Module:
+class LayerNormPre(LayerNorm):
+    """LayerNorm without weight or bias (TransformerLens' LNPre): what folding leaves."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None) -> None:
+        super().__init__(dim, eps=eps, elementwise_affine=False, device=device, dtype=dtype)
+
+
+class RMSNormPre(RMSNorm):
+    """RMSNorm without weight (TransformerLens' RMSNormPre): what folding leaves."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__(dim, eps, device, dtype, elementwise_affine=False)
+
+
+def _hooked(norm: LayerNorm | RMSNorm, x: Tensor, hooks: ModuleHooks, *, centre: bool) -> Tensor:
+    """The norm with its hook points served. x (..., C); scale (..., 1)."""
+    out = None
+    if "hook_scale" in hooks:
+        h = x.float()
+        if centre:
+            h = h - h.mean(-1, keepdim=True)
+        shown = (h.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt().to(x.dtype)  # (..., 1)
+        scale = hooks("hook_scale", shown)
+        if scale is not shown:  # a hook replaced the scale (froze the norm): divide by it
+            out = (h / scale.float()).to(x.dtype)
+            if norm.weight is not None:
+                out = out * norm.weight
+            if norm.bias is not None:
+                out = out + norm.bias
+    if out is None:  # nothing replaced: the model's own computation, exactly
+        out = norm.plain(x)
+    return hooks("hook_normalized", out)
+
+
+def make_norm(kind: str, dim: int, eps: float, **factory) -> LayerNorm | RMSNorm:
     if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=eps, **factory)
+        return LayerNorm(dim, eps=eps, **factory)
     if kind == "rmsnorm":
         return RMSNorm(dim, eps=eps, **factory)
     raise ValueError(f"unknown norm {kind!r}; choose 'layernorm' or 'rmsnorm'")

@@ -16,6 +16,7 @@ from .attention import MultiHeadAttention
 from .block import make_blocks
 from .init import init_weights
 from .norm import make_norm
+from .weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,12 @@ class StackConfig:
     dropout: float = 0.0
 
 
-class Encoder(nn.Module):
+class Encoder(ModelWeights, nn.Module):
     """Blocks (bidirectional self-attention) and, when pre-norm, a final norm.
     Hook points: blocks.{i}.*, ln_final.hook_normalized (pre-norm stacks)."""
 
     hook_points: tuple[str, ...] = ()
-    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
-    hook_order = ("layers",)  # then ln_final.hook_normalized
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks", "norm": "ln_final"}
 
     def __init__(self, config: StackConfig, *, init: bool = True) -> None:
         """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
@@ -52,9 +52,13 @@ class Encoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
-        self.hook_points = ("ln_final.hook_normalized",) if config.norm_first else ()
         if init:
             init_weights(self)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """TransformerLens' name for `layers` (the same modules; state_dict keys say layers)."""
+        return self.layers
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
@@ -62,14 +66,13 @@ class Encoder(nn.Module):
         return _final_norm(self, x)
 
 
-class Decoder(nn.Module):
+class Decoder(ModelWeights, nn.Module):
     """Causal self-attention, cross-attention to the memory, MLP; caches for decoding.
     Hook points: blocks.{i}.* (cross-attention: blocks.{i}.cross_attn.*), ln_final.hook_normalized
     (pre-norm stacks)."""
 
     hook_points: tuple[str, ...] = ()
-    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks"}
-    hook_order = ("layers",)  # then ln_final.hook_normalized
+    hook_alias: ClassVar[dict[str, str]] = {"layers": "blocks", "norm": "ln_final"}
 
     def __init__(self, config: StackConfig, *, init: bool = True) -> None:
         """`init=False` skips `init_weights` (GPT-2's scheme, modules/init.py)."""
@@ -81,9 +84,13 @@ class Decoder(nn.Module):
             if config.norm_first
             else nn.Identity()
         )
-        self.hook_points = ("ln_final.hook_normalized",) if config.norm_first else ()
         if init:
             init_weights(self)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """TransformerLens' name for `layers` (the same modules; state_dict keys say layers)."""
+        return self.layers
 
     def forward(
         self,
@@ -108,9 +115,7 @@ class Decoder(nn.Module):
 
 
 def _final_norm(stack: Encoder | Decoder, x: Tensor) -> Tensor:
-    x = stack.norm(x)
-    hooks = hooks_for(stack)
-    return x if hooks is None else hooks("ln_final.hook_normalized", x)
+    return stack.norm(x)  # ln_final.hook_scale / hook_normalized: the norm's own points
 
 
 class EncoderDecoder(nn.Module):

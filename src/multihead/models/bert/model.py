@@ -16,6 +16,7 @@ from ...functional.masks import from_hf_padding
 from ...functional.varlen import VarLen
 from ...hook_points import hooks_for
 from ...modules import TransformerBlock
+from ...modules.weights import ModelWeights
 from ...positional.scheme import PositionScheme
 from ...value_checks import check_token_ids
 from .config import BertConfig
@@ -114,7 +115,7 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(ModelWeights, nn.Module):
     """A BERT-family encoder (post-norm blocks of multihead.MultiHeadAttention); no pooler.
     Hook points: hook_embed, hook_pos_embed, hook_token_type_embed, blocks.{i}.*."""
 
@@ -149,6 +150,16 @@ class BertEncoder(nn.Module):
             )
             for _ in range(config.num_hidden_layers)
         )
+
+    def weight_parts(self) -> dict[str, nn.Module | None]:
+        """For W_E and W_pos (see `multihead.modules.weights`); an encoder has no W_U."""
+        e = self.embeddings
+        return {"embed": e.word_embeddings, "pos": e.position_embeddings}
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """TransformerLens' name for `layers` (the same modules; state_dict keys say layers)."""
+        return self.layers
 
     def forward(
         self,
