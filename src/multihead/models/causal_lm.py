@@ -12,6 +12,7 @@ from .fields import unsupported_architecture
 from .gpt2 import GPT2
 from .llama import LLAMA
 from .loading import Family, load_model
+from .source import resolve_model
 
 CAUSAL_LM_FAMILIES: dict[str, Family] = {
     "gpt2": GPT2,
@@ -27,18 +28,24 @@ def load_causal_lm(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> CausalLM:
-    """A decoder checkpoint directory in the Hugging Face layout (config.json and
-    model.safetensors, its shard index, or pytorch_model.bin), in eval mode.
+    """A decoder, in eval mode, from what `path` names (`multihead.models.source`): a
+    directory in the Hugging Face layout (config.json and model.safetensors, its shard index,
+    or pytorch_model.bin), a .gguf file, or a Hub id in the local Hugging Face cache.
 
-    model_type gpt2, llama, mistral or qwen2. `dtype`: None keeps the checkpoint's (bfloat16
+    model_type (GGUF: general.architecture) gpt2, llama, mistral or qwen2. A GGUF model
+    carries the tokenizer its metadata describes as `model.tokenizer`; its quantised weights
+    are dequantised tensor by tensor into `dtype` (None: float32). `dtype`: None keeps the checkpoint's (bfloat16
     weights stay bfloat16); `device`: where the weights are read to (default CPU). Every config
     field that changes the computation is implemented or refused by name.
     """
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
-    model_dir = Path(path).expanduser()
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    source = resolve_model(path)
+    if source.is_gguf:
+        from .gguf import load_gguf_causal_lm
+
+        return load_gguf_causal_lm(source.path, dtype=dtype, device=device)
+    model_dir = source.path
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} lacks config.json")
     config = read_json(model_dir / "config.json")

@@ -1,0 +1,96 @@
+"""A GGUF file as a `Checkpoint`: tensors under their Hugging Face names and shapes, each
+dequantised on read, straight into the loader's destination (one tensor in flight, so a
+bfloat16 load never holds a float32 copy of the model).
+
+A family says how its GGUF tensors map to Hugging Face keys (`GGUFNames`): the name, and a
+layout change llama.cpp made when converting (rows of q/k permuted for its rotary layout;
+GPT-2's Conv1D matrices transposed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from torch import Tensor
+
+from ..checkpoint import Checkpoint, TensorInfo
+from .dequant import PLAIN, dequantize
+from .reader import GGUFFile, GGUFTensor
+
+# integer tensors hold no weights; the rest dequantise to float32 (or keep their float dtype)
+_NOT_WEIGHTS = {Q.I8, Q.I16, Q.I32, Q.I64}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a stored tensor becomes the Hugging Face one: `heads` > 0 undoes llama.cpp's
+    rotary row permutation for that many heads; `transpose` swaps a matrix's two axes."""
+
+    heads: int = 0
+    transpose: bool = False
+
+
+# GGUF tensor name -> (Hugging Face key, layout), or None for a tensor that is not a weight
+GGUFNames = Callable[[str], tuple[str, Layout] | None]
+
+
+def unpermute_rows(w: Tensor, heads: int) -> Tensor:
+    """llama.cpp stores each head's q/k rows interleaved (pairs (2i, 2i+1)); Hugging Face keeps
+    the halves (i, i + D/2) apart. Inverse of convert_hf_to_gguf's `permute`."""
+    rows = w.shape[0]
+    # (H * D/2 * 2, ...) -> (H, D/2, 2, ...) -> (H, 2, D/2, ...) -> (H * D, ...)
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+class GGUFCheckpoint(Checkpoint):
+    def __init__(self, file: GGUFFile, names: GGUFNames) -> None:
+        self.file = file
+        self._sources: dict[str, tuple[GGUFTensor, Layout]] = {}
+        infos: dict[str, TensorInfo] = {}
+        for tensor in file.tensors.values():
+            mapped = names(tensor.name)
+            if mapped is None:
+                continue
+            key, layout = mapped
+            if tensor.qtype in _NOT_WEIGHTS:
+                raise ValueError(
+                    f"{str(file.path)!r}: tensor {tensor.name!r} is stored as {tensor.qtype.name} "
+                    "(integers), not as weights"
+                )
+            shape = tensor.shape
+            if layout.transpose and len(shape) == 2:
+                shape = (shape[1], shape[0])
+            if layout.heads and shape[0] % (2 * layout.heads):
+                raise ValueError(
+                    f"{str(file.path)!r}: tensor {tensor.name!r} has {shape[0]} rows, not a "
+                    f"whole number of rotary heads ({layout.heads} heads)"
+                )
+            infos[key] = TensorInfo(PLAIN.get(tensor.qtype, torch.float32), shape)
+            self._sources[key] = (tensor, layout)
+        super().__init__(str(file.path), infos)
+
+    def qtypes(self) -> dict[str, int]:
+        """How many tensors of each stored type (F32, Q4_1, ...)."""
+        counts: dict[str, int] = {}
+        for tensor, _ in self._sources.values():
+            counts[tensor.qtype.name] = counts.get(tensor.qtype.name, 0) + 1
+        return counts
+
+    def read(self, name: str, out: Tensor | None = None) -> Tensor:
+        tensor, layout = self._sources[name]
+        raw = np.empty(tensor.nbytes, dtype=np.uint8)
+        self.file.read_bytes(tensor, memoryview(raw))
+        try:
+            values = dequantize(raw, tensor.qtype, tensor.shape)
+        except ValueError as e:
+            raise ValueError(f"{self.source}: tensor {tensor.name!r}: {e}") from None
+        if layout.heads:
+            values = unpermute_rows(values, layout.heads)
+        if layout.transpose and values.dim() == 2:
+            values = values.t()
+        if out is None:
+            return values.contiguous()
+        return out.copy_(values)

@@ -1,0 +1,198 @@
+"""A GGUF file's header: metadata, tensor names, types, shapes and where their bytes lie.
+
+GGUF (github.com/ggml-org/ggml/blob/master/docs/gguf.md), little-endian:
+  magic "GGUF", version u32, tensor count u64, metadata count u64,
+  metadata: key (u64 length + UTF-8), value type u32, value (arrays: item type u32, count u64,
+  items), tensor infos: name, n_dims u32, dims u64 (ggml order: fastest-varying first),
+  type u32, offset u64 (from the data section), then padding to `general.alignment` (32) and
+  the data.
+
+Why not `gguf.GGUFReader`: it builds a numpy view per metadata item, and a tokenizer's 100,000
+strings make that 5-9 s on this machine for SmolLM2 (most of a 10 s load budget). This reader
+parses the header with `struct` (about 0.1 s) and keeps gguf's own constants and block sizes;
+the tests check it against GGUFReader field by field. Every read is bounds-checked, so a
+truncated or corrupt file is a ValueError naming it, never an IndexError from deep inside.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType
+from gguf import GGUFValueType as V
+
+SUPPORTED_VERSIONS = (2, 3)
+_SCALARS = {
+    V.UINT8: "B",
+    V.INT8: "b",
+    V.UINT16: "H",
+    V.INT16: "h",
+    V.UINT32: "I",
+    V.INT32: "i",
+    V.FLOAT32: "f",
+    V.BOOL: "?",
+    V.UINT64: "Q",
+    V.INT64: "q",
+    V.FLOAT64: "d",
+}
+_MAX_DIMS = 8  # ggml's GGML_MAX_DIMS is 4; a larger count is corruption
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy/torch order: slowest-varying first (ggml's dims reversed)
+    offset: int  # absolute, in the file
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class GGUFError(ValueError):
+    """A file that is not a GGUF this reader can use (the message names the file)."""
+
+
+class _Cursor:
+    def __init__(self, data: bytes, path: Path) -> None:
+        self.data, self.pos, self.path = data, 0, path
+
+    def fail(self, detail: str) -> GGUFError:
+        return GGUFError(f"{str(self.path)!r} is not a readable GGUF file: {detail}")
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise self.fail(f"truncated (header ends at byte {len(self.data)})")
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.data):
+            raise self.fail(f"truncated (a {n}-byte string at byte {self.pos})")
+        raw = self.data[self.pos : self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("utf-8", errors="replace")  # llama.cpp writes some invalid tokens
+
+    def value(self, kind: int, key: str) -> Any:
+        if kind == V.STRING:
+            return self.string()
+        if kind == V.ARRAY:
+            item, count = self.take("<I"), self.take("<Q")
+            if count > len(self.data):  # each item takes at least one byte
+                raise self.fail(f"metadata {key!r} claims {count} items")
+            if item in _SCALARS:  # one unpack for the whole array
+                fmt = f"<{count}{_SCALARS[V(item)]}"
+                size = struct.calcsize(fmt)
+                if self.pos + size > len(self.data):
+                    raise self.fail(f"truncated (metadata {key!r})")
+                values = list(struct.unpack_from(fmt, self.data, self.pos))
+                self.pos += size
+                return values
+            return [self.value(item, key) for _ in range(count)]
+        try:
+            return self.take("<" + _SCALARS[V(kind)])
+        except (ValueError, KeyError):
+            raise self.fail(f"metadata {key!r} has unknown value type {kind}") from None
+
+
+class GGUFFile:
+    """`metadata` (key -> Python value) and `tensors` (name -> GGUFTensor) of one GGUF file;
+    tensor data is read later, tensor by tensor (`read_bytes`)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                head = f.read(24)
+                cursor = _Cursor(head, self.path)
+                self._check_start(cursor)
+                # the header's size is unknown until parsed: read generously, then more if needed
+                f.seek(0)
+                data = f.read(min(size, 64 * 2**20))
+                try:
+                    self._parse(_Cursor(data, self.path), size)
+                except GGUFError:
+                    if len(data) == size:
+                        raise
+                    f.seek(0)
+                    self._parse(_Cursor(f.read(), self.path), size)
+        except OSError as e:
+            raise GGUFError(f"cannot read {str(self.path)!r}: {e}") from None
+
+    def _check_start(self, c: _Cursor) -> None:
+        if len(c.data) < 4 or c.take("<I") != GGUF_MAGIC:
+            raise c.fail("it does not start with the GGUF magic bytes")
+        version = c.take("<I")
+        if version & 0xFFFF == 0 and version:
+            raise c.fail("it is big-endian; multihead reads little-endian GGUF files")
+        if version not in SUPPORTED_VERSIONS:
+            newer = " (a newer format than this reader knows)" if version > 3 else ""
+            raise c.fail(
+                f"GGUF version {version}{newer}; multihead reads versions "
+                f"{', '.join(map(str, SUPPORTED_VERSIONS))}"
+            )
+        self.version = version
+
+    def _parse(self, c: _Cursor, size: int) -> None:
+        self._check_start(c)
+        n_tensors, n_kv = c.take("<Q"), c.take("<Q")
+        if n_tensors > size or n_kv > size:
+            raise c.fail(f"it claims {n_tensors} tensors and {n_kv} metadata entries")
+        self.metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = c.string()
+            self.metadata[key] = c.value(c.take("<I"), key)
+        infos = []
+        for _ in range(n_tensors):
+            name = c.string()
+            n_dims = c.take("<I")
+            if n_dims > _MAX_DIMS:
+                raise c.fail(f"tensor {name!r} claims {n_dims} dimensions")
+            dims = [c.take("<Q") for _ in range(n_dims)]
+            infos.append((name, dims, c.take("<I"), c.take("<Q")))
+        alignment = self.metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise c.fail(f"general.alignment {alignment!r} is not a power of two")
+        start = c.pos + (-c.pos % alignment)
+        self.tensors: dict[str, GGUFTensor] = {}
+        for name, dims, kind, offset in infos:
+            self.tensors[name] = self._tensor(c, name, dims, kind, start + offset, size)
+
+    def _tensor(
+        self, c: _Cursor, name: str, dims: list[int], kind: int, offset: int, size: int
+    ) -> GGUFTensor:
+        try:
+            qtype = GGMLQuantizationType(kind)
+        except ValueError:
+            raise c.fail(f"tensor {name!r} has unknown type {kind}") from None
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        if dims and dims[0] % block:
+            raise c.fail(f"tensor {name!r}: {dims[0]} values per row, not a multiple of {block}")
+        nbytes = math.prod(dims) // block * type_size
+        if offset + nbytes > size:
+            raise c.fail(
+                f"truncated: tensor {name!r} needs bytes {offset}..{offset + nbytes} of a "
+                f"{size}-byte file"
+            )
+        return GGUFTensor(name, qtype, tuple(reversed(dims)), offset, nbytes)
+
+    def read_bytes(self, tensor: GGUFTensor, out: bytearray | memoryview | Any) -> None:
+        """Copies `tensor`'s stored bytes into `out` (a writable buffer of `tensor.nbytes`).
+        Plain reads, not a memory map: mapped pages would count as resident memory."""
+        with open(self.path, "rb") as f:
+            f.seek(tensor.offset)
+            if f.readinto(out) != tensor.nbytes:
+                raise GGUFError(f"{str(self.path)!r}: tensor {tensor.name!r} is cut short")

@@ -1,0 +1,134 @@
+"""The tokenizer a GGUF file describes (tokenizer.ggml.*), rebuilt with `tokenizers`.
+
+`tokenizer.ggml.model` "gpt2" is byte-level BPE (GPT-2, SmolLM2, Llama 3, Qwen2): the
+vocabulary and merges as stored, GPT-2's byte-level pre-tokenizer (or the split regex that
+`tokenizer.ggml.pre` names), control tokens (token_type 3) added as special tokens and
+user-defined ones (4) as added tokens, so they stay whole. This is what transformers builds
+from the same metadata; the tests compare ids on unicode, spaces and newlines.
+SentencePiece vocabularies ("llama") are refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from .metadata import Metadata
+
+_CONTROL, _USER_DEFINED = 3, 4
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre -> the regex its merges were learned with (others: GPT-2's)
+_SPLITS = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "dbrx": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+
+
+@dataclass(frozen=True)
+class TokenizerParts:
+    """What a `ModelTokenizer` is built from."""
+
+    tokenizer: Tokenizer
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+    add_bos: bool
+    name: str
+
+
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's printable spelling of the 256 byte values."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    spelling = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in spelling:
+            spelling[b] = chr(256 + extra)
+            extra += 1
+    return spelling
+
+
+def _byte_level(meta: Metadata, tokens: list[str]) -> Tokenizer:
+    spelling = _byte_alphabet()
+    alphabet = set(spelling.values())
+    # a token spelled outside the byte alphabet is respelled from its UTF-8 bytes
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        if not set(token) <= alphabet:
+            token = "".join(spelling[b] for b in token.encode("utf-8"))
+        vocab.setdefault(token, i)
+    merges = meta.values.get("tokenizer.ggml.merges") or []
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    bpe = models.BPE(vocab, pairs, continuing_subword_prefix="", end_of_word_suffix="")  # type: ignore[arg-type]
+    tokenizer = Tokenizer(bpe)
+    split = _SPLITS.get(meta.values.get("tokenizer.ggml.pre", ""))
+    if split is None:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    tokenizer.decoder = decoders.ByteLevel()
+    types = meta.values.get("tokenizer.ggml.token_type") or []
+    control = [
+        AddedToken(t, normalized=False, special=True)
+        for t, kind in zip(tokens, types, strict=False)
+        if kind == _CONTROL and set(t) <= alphabet
+    ]
+    user = [
+        AddedToken(t, normalized=False, special=False)
+        for t, kind in zip(tokens, types, strict=False)
+        if kind == _USER_DEFINED and t in vocab
+    ]
+    if control:
+        tokenizer.add_special_tokens(control)
+    if user:
+        tokenizer.add_tokens(user)
+    return tokenizer
+
+
+def gguf_tokenizer(meta: Metadata) -> TokenizerParts | None:
+    """The file's tokenizer, or None when it carries none (no tokenizer.ggml.tokens)."""
+    tokens = meta.values.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return None
+    kind = meta.values.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(
+            f"{meta.source}: tokenizer.ggml.model {kind!r} is not supported; multihead rebuilds "
+            "byte-level BPE tokenizers ('gpt2') from GGUF files"
+        )
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"{meta.source}: tokenizer.ggml.tokens must be a list of strings")
+
+    def token_id(key: str) -> int | None:
+        value = meta.values.get(f"tokenizer.ggml.{key}")
+        return value if isinstance(value, int) and 0 <= value < len(tokens) else None
+
+    add_bos = meta.values.get("tokenizer.ggml.add_bos_token")
+    return TokenizerParts(
+        tokenizer=_byte_level(meta, tokens),
+        bos_id=token_id("bos_token_id"),
+        eos_id=token_id("eos_token_id"),
+        pad_id=token_id("padding_token_id"),
+        add_bos=bool(add_bos) if isinstance(add_bos, bool) else False,
+        name=str(meta.values.get("general.name", "")),
+    )
