@@ -191,3 +191,16 @@ def test_bad_arguments(run):
         cache.logit_attrs(cache.decompose_resid(), V)
     with pytest.raises(TypeError, match="model the cache was taken from"):
         ActivationCache({k: v for k, v in cache.items() if "result" not in k}).stack_head_results()
+
+
+def test_the_scale_is_the_same_cached_or_recomputed(run):
+    _, model, _, _, cache = run
+    assert "ln_final.hook_scale" in cache and "blocks.1.ln2.hook_scale" in cache
+    bare = ActivationCache({k: v for k, v in cache.items() if "hook_scale" not in k}, model)
+    stack = cache.decompose_resid()
+    for layer, mlp_input in ((None, False), (1, False), (1, True)):
+        torch.testing.assert_close(
+            bare.apply_ln_to_stack(stack, layer, mlp_input=mlp_input),
+            cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input),
+            **NORM_TOL,
+        )
