@@ -101,9 +101,7 @@ def _snapshot(name: str, repo: str, revision: str | None) -> Path:
 
     cache = hub_cache_dir()
     try:  # local_files_only: reads refs/ and snapshots/, never the network
-        folder = snapshot_download(
-            repo, revision=revision, cache_dir=cache, local_files_only=True
-        )
+        folder = snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=True)
     except (LocalEntryNotFoundError, OSError, ValueError):
         at = f" at revision {revision!r}" if revision else ""
         fetch = f"hf download {repo}" + (f" --revision {revision}" if revision else "")
