@@ -358,9 +358,9 @@ def test_analysis_tokenizes_with_a_private_tokenizer(encoder):
     """Cutting a text for the analysis leaves the encoder's own tokenizer as it was."""
     from multihead.interpret.analysis import analyze
 
-    before = encoder.tokenizer.truncation
+    before = encoder.tokenizer.tokenizer.truncation
     a = analyze(encoder, [LONG], max_tokens=40, probe=False)
-    assert len(a.texts[0].tokens) == 40 and encoder.tokenizer.truncation == before
+    assert len(a.texts[0].tokens) == 40 and encoder.tokenizer.tokenizer.truncation == before
     with pytest.raises(ValueError, match=r"max_tokens must be in \[3, 512\]"):
         analyze(encoder, [LONG], max_tokens=513)
     torch.testing.assert_close(a.texts[0].attn.sum(-1), torch.ones(6, 12, 40))

@@ -15,6 +15,7 @@ __version__ = "0.2.0"
 _LAZY = {
     "MultiHeadAttention": "modules",
     "attention": "functional",
+    "load": "models.auto",
     "scaled_dot_product_attention": "functional",
 }
 
@@ -23,12 +24,14 @@ __all__ = [
     "__version__",
     "attention",
     "functional",
+    "load",
     "scaled_dot_product_attention",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from . import functional
     from .functional import attention, scaled_dot_product_attention
+    from .models.auto import load
     from .modules import MultiHeadAttention
 
 

@@ -153,7 +153,7 @@ def run(
     rows.append(["batched", f"{t_batched:.2f}", f"{t_loop / t_batched:.2f}x", f"{agree:.1e}"])
     rows.append(["attribution (1 fwd + 1 bwd)", f"{t_attr:.2f}", f"{t_loop / t_attr:.1f}x", ""])
     env = environment("cpu")
-    head = (
+    header = (
         f"patching every head at every position: {name}, {L} layers x {H} heads x {tokens} "
         f"positions = {patches} patches, B = 1\n"
         f"torch {env['torch']}, {env['threads']} thread(s), {env['cpu']}; medians of {repeats}\n"
@@ -163,4 +163,4 @@ def run(
         f"\nattribution vs real patching: Pearson r = {corr_all:.3f} over all {patches} "
         f"entries, {corr_top:.3f} over the top {top} by |real fraction|"
     )
-    return head + table + tail
+    return header + table + tail

@@ -198,7 +198,7 @@ class EncoderSubject(Subject):
         self.vocab_size = config.vocab_size
         self.max_positions = encoder.max_position_limit
         self.default_tokens = encoder.max_seq_length
-        super().__init__(encoder.tokenizer, *encoder.special_ids)
+        super().__init__(encoder.tokenizer.tokenizer, *encoder.special_ids)
         self.objective = EmbeddingObjective(encoder)
 
     def run(self, ids: list[int]) -> None:

@@ -13,6 +13,7 @@ from .gpt2 import GPT2
 from .llama import LLAMA
 from .loading import Family, load_model
 from .source import resolve_model
+from .text import ModelTokenizer
 
 CAUSAL_LM_FAMILIES: dict[str, Family] = {
     "gpt2": GPT2,
@@ -32,11 +33,12 @@ def load_causal_lm(
     directory in the Hugging Face layout (config.json and model.safetensors, its shard index,
     or pytorch_model.bin), a .gguf file, or a Hub id in the local Hugging Face cache.
 
-    model_type (GGUF: general.architecture) gpt2, llama, mistral or qwen2. A GGUF model
-    carries the tokenizer its metadata describes as `model.tokenizer`; its quantised weights
-    are dequantised tensor by tensor into `dtype` (None: float32). `dtype`: None keeps the checkpoint's (bfloat16
-    weights stay bfloat16); `device`: where the weights are read to (default CPU). Every config
-    field that changes the computation is implemented or refused by name.
+    model_type (GGUF: general.architecture) gpt2, llama, mistral or qwen2. `dtype`: None keeps
+    the checkpoint's (bfloat16 weights stay bfloat16; quantised GGUF weights are dequantised,
+    tensor by tensor, to float32); `device`: where the weights are read to (default CPU). Every
+    config field that changes the computation is implemented or refused by name. The model
+    carries its tokenizer as `model.tokenizer` (the directory's tokenizer.json, or the one a
+    GGUF file's metadata describes; None when there is none).
     """
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
@@ -54,4 +56,12 @@ def load_causal_lm(
         raise unsupported_architecture(config, "load_causal_lm", list(CAUSAL_LM_FAMILIES))
     model = load_model(family, config, open_checkpoint(model_dir), dtype=dtype, device=device)
     assert isinstance(model, CausalLM)
+    model.tokenizer = tokenizer_in(model_dir)
     return model
+
+
+def tokenizer_in(model_dir: Path) -> ModelTokenizer | None:
+    """The directory's tokenizer (see ModelTokenizer.from_dir); None without tokenizer.json."""
+    if not (model_dir / "tokenizer.json").is_file():
+        return None
+    return ModelTokenizer.from_dir(model_dir)

@@ -91,8 +91,15 @@ def _materialize(
     names: dict[str, str],
     dtype: torch.dtype,
     device: torch.device,
+    stride: tuple[int, ...] | None = None,
 ) -> Tensor:
-    out = torch.empty(source.shape, dtype=dtype, device=device)
+    # in the layout the module keeps (CausalLM keeps matrices column-major): relaying them out
+    # after loading would copy each one, and the freed copies stay in the process's heap
+    out = (
+        torch.empty_strided(source.shape, stride, dtype=dtype, device=device)
+        if stride is not None
+        else torch.empty(source.shape, dtype=dtype, device=device)
+    )
     rows = out.t() if source.transpose and out.dim() == 2 else out  # the sources' layout
     start = 0
     for key in source.keys:
@@ -127,6 +134,7 @@ def load_model(
     model = family.build(config, device="meta")
     tied = family.tied(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
+    strides = {k: v.stride() for k, v in model.state_dict().items()}
 
     names: dict[str, str] = {}  # key-map spelling -> checkpoint key
     for key in checkpoint.infos:
@@ -151,7 +159,9 @@ def load_model(
     chosen = dtype or stored
     with checkpoint:
         state = {
-            target: _materialize(target, source, checkpoint, names, chosen, place)
+            target: _materialize(
+                target, source, checkpoint, names, chosen, place, strides.get(target)
+            )
             for target, source in plan.items()
         }
     for alias, key in tied.items():

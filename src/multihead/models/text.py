@@ -96,8 +96,15 @@ class ModelTokenizer:
             role: _token_id(tokenizer, specials.get(f"{role}_token"), file)
             for role in ("bos", "eos", "pad")
         }
+        # config.json's ids (GPT-2 names <|endoftext|> there only) when the tokenizer names none
+        model_config = _read_json(directory / "config.json")
+        for role in ("bos", "eos", "pad"):
+            value = model_config.get(f"{role}_token_id")
+            if ids[role] is None and isinstance(value, int) and not isinstance(value, bool):
+                ids[role] = value if tokenizer.id_to_token(value) is not None else None
         if "add_bos_token" in config or "add_eos_token" in config:
-            # transformers rebuilds the template from these two flags when either is given
+            # the flags say what the model was trained with (transformers 4's Llama tokenizer
+            # rebuilt its template from them; transformers 5 keeps tokenizer.json's)
             add_bos = bool(config.get("add_bos_token")) and ids["bos"] is not None
             add_eos = bool(config.get("add_eos_token")) and ids["eos"] is not None
         else:
@@ -115,6 +122,26 @@ class ModelTokenizer:
             name=str(config.get("name_or_path") or directory.name),
         )
 
+    @classmethod
+    def from_tokenizer(
+        cls, tokenizer: Tokenizer, *, pad_id: int | None = None, name: str = ""
+    ) -> ModelTokenizer:
+        """A tokenizer whose post-processor says the policy (its single-text template: BERT's
+        [CLS] $A [SEP], Llama's <s> $A, GPT-2's none)."""
+        probe = Tokenizer.from_str(tokenizer.to_str())
+        probe.no_padding()
+        probe.no_truncation()
+        prefix, suffix = _template(probe, Path(name or "tokenizer"))
+        return cls(
+            tokenizer,
+            bos_id=prefix[0] if prefix else None,
+            eos_id=suffix[0] if suffix else None,
+            pad_id=pad_id,
+            add_bos=bool(prefix),
+            add_eos=bool(suffix),
+            name=name,
+        )
+
     @property
     def tokenizer(self) -> Tokenizer:
         """The raw `tokenizers.Tokenizer` (no post-processor use, no padding, no truncation)."""
@@ -126,7 +153,12 @@ class ModelTokenizer:
 
     @overload
     def encode(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
-        self, texts: str, prepend_bos: bool | None = None, *, append_eos: bool | None = None
+        self,
+        texts: str,
+        prepend_bos: bool | None = None,
+        *,
+        append_eos: bool | None = None,
+        max_length: int | None = None,
     ) -> list[int]: ...
     @overload
     def encode(
@@ -135,6 +167,7 @@ class ModelTokenizer:
         prepend_bos: bool | None = None,
         *,
         append_eos: bool | None = None,
+        max_length: int | None = None,
     ) -> list[list[int]]: ...
     def encode(
         self,
@@ -142,9 +175,11 @@ class ModelTokenizer:
         prepend_bos: bool | None = None,
         *,
         append_eos: bool | None = None,
+        max_length: int | None = None,
     ) -> list[int] | list[list[int]]:
         """Ids of one text (a list) or of several (a list per text). `prepend_bos` /
-        `append_eos`: None = as the model was trained (`add_bos` / `add_eos`)."""
+        `append_eos`: None = as the model was trained (`add_bos` / `add_eos`). `max_length`:
+        each text cut on the right to that many ids, its special tokens kept."""
         single = isinstance(texts, str)
         batch = [texts] if single else _text_list(texts)
         bos = self.add_bos if prepend_bos is None else bool(prepend_bos)
@@ -155,8 +190,17 @@ class ModelTokenizer:
             raise ValueError(f"append_eos=True but tokenizer {self.name!r} has no EOS token")
         head = [self.bos_id] if bos and self.bos_id is not None else []
         tail = [self.eos_id] if eos and self.eos_id is not None else []
+        room = None
+        if max_length is not None:
+            ok = isinstance(max_length, int) and not isinstance(max_length, bool)
+            room = max_length - len(head) - len(tail) if ok else -1
+            if room < 0:
+                raise ValueError(
+                    f"max_length must be an int of at least the {len(head) + len(tail)} special "
+                    f"tokens, got {max_length!r}"
+                )
         encodings = self._tokenizer.encode_batch(batch, add_special_tokens=False)
-        ids = [head + e.ids + tail for e in encodings]
+        ids = [head + e.ids[:room] + tail for e in encodings]
         return ids[0] if single else ids
 
     def decode(self, ids: Any, *, skip_special_tokens: bool = False) -> str | list[str]:

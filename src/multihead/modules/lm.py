@@ -25,6 +25,7 @@ from .block import TransformerBlock, make_blocks
 from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
+from .text import TextMethods, is_text
 from .weights import ModelWeights
 
 
@@ -70,8 +71,10 @@ class LMConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
 
-class CausalLM(ModelWeights, nn.Module):
+class CausalLM(ModelWeights, nn.Module, TextMethods):
     """Token (+ learned position) embeddings, pre-norm blocks, a final norm and the LM head.
+    `tokenizer`: the ModelTokenizer it carries (set by the loaders; None: ids only), for
+    `to_tokens`, `generate("text")` and the other text methods (see `modules/text.py`).
 
     Hook points (see `multihead.interpret`): hook_embed, hook_pos_embed (learned positions),
     blocks.{i}.* (see TransformerBlock and MultiHeadAttention), ln_final.hook_scale,
@@ -217,7 +220,12 @@ class CausalLM(ModelWeights, nn.Module):
         """Logits (B, T, V), or (B, 1, V) with `last_only` (all generation needs after a prefill;
         the head is the largest matrix). `attention_mask` (B, T): 1/True = token, 0 = padding (of
         this call's tokens when caches are given). `positions` default: after the cached tokens,
-        counted over real tokens when there is padding (left padding does not shift them)."""
+        counted over real tokens when there is padding (left padding does not shift them).
+        `input_ids` may be text (a str or a list, see `to_tokens`; padding gets its mask)."""
+        if is_text(input_ids):
+            input_ids, attention_mask = self._ids_and_mask(
+                input_ids, attention_mask, None, None, "forward"
+            )
         h = self.hidden_states(
             input_ids,
             attention_mask=attention_mask,
@@ -338,6 +346,15 @@ class CausalLM(ModelWeights, nn.Module):
         compile)."""
         return generation.generate_stream(self, prompt_ids, max_new_tokens, **kwargs)
 
-    def generate(self, prompt_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
-        """(B, P + new): the prompts followed by the generated tokens (see generate_stream)."""
-        return generation.generate(self, prompt_ids, max_new_tokens, **kwargs)
+    def generate(self, prompt_ids: Tensor | str | list[str], max_new_tokens: int, **kwargs):
+        """(B, P + new): the prompts followed by the generated tokens (see generate_stream).
+        Text prompts give text back (see `TextMethods.generate_text`)."""
+        if is_text(prompt_ids):
+            return self.generate_text(prompt_ids, max_new_tokens, **kwargs)  # type: ignore[arg-type]
+        return generation.generate(self, prompt_ids, max_new_tokens, **kwargs)  # type: ignore[arg-type]
+
+    def _text_max_length(self) -> int | None:
+        return self.config.max_positions if self.config.positions_bounded() else None
+
+    def _text_device(self) -> torch.device:
+        return self.tok.weight.device

@@ -22,21 +22,24 @@ from torch import Tensor, nn
 
 from ..functional.varlen import VarLen
 from ..models.bert import BertEncoder, EncoderOutput
+from ..models.text import ModelTokenizer
+from ..modules.text import TextMethods, is_text
 from .batches import TOKENS_PER_TEXT, run_batches, token_batches
 from .pooling import POOLING_MODES, pool_packed, pool_padded
 from .tokenizer import encode_ids
 
 
-class SentenceEncoder(nn.Module):
+class SentenceEncoder(nn.Module, TextMethods):
     """Token states, attention weights and sentence embeddings from one pretrained encoder.
-    Its hook points are the model's (the wrapper adds no name segment)."""
+    Its hook points are the model's (the wrapper adds no name segment). `tokenizer`: its
+    ModelTokenizer ([CLS] text [SEP] for BERT), for `to_tokens` and the other text methods."""
 
     hook_alias: ClassVar[dict[str, str]] = {"model": ""}
 
     def __init__(
         self,
         model: BertEncoder,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | ModelTokenizer,
         *,
         max_seq_length: int,
         normalize: bool,
@@ -44,7 +47,9 @@ class SentenceEncoder(nn.Module):
         pooling: tuple[str, ...] = ("mean",),
         source: Path | None = None,
     ) -> None:
-        """`pooling`: modes among "mean", "cls", "max", concatenated when several."""
+        """`pooling`: modes among "mean", "cls", "max", concatenated when several.
+        `tokenizer`: a ModelTokenizer, or a tokenizers.Tokenizer whose post-processor puts the
+        model's special tokens around a text."""
         super().__init__()
         if not pooling or any(m not in POOLING_MODES for m in pooling):
             raise ValueError(f"pooling must be modes among {POOLING_MODES}, got {pooling!r}")
@@ -53,7 +58,9 @@ class SentenceEncoder(nn.Module):
                 f"max_seq_length must be in [1, {model.config.max_length}], got {max_seq_length}"
             )
         self.model = model
-        self.tokenizer = tokenizer
+        if not isinstance(tokenizer, ModelTokenizer):
+            tokenizer = ModelTokenizer.from_tokenizer(tokenizer, pad_id=pad_token_id)
+        self.tokenizer: ModelTokenizer = tokenizer
         self.max_seq_length = max_seq_length
         self.normalize = normalize
         self.pad_token_id = pad_token_id
@@ -79,7 +86,12 @@ class SentenceEncoder(nn.Module):
         return_weights: bool = False,
         lengths: VarLen | Sequence[int] | None = None,
     ) -> EncoderOutput:
-        """The encoder's token states: see `BertEncoder.forward` (padded or packed input)."""
+        """The encoder's token states: see `BertEncoder.forward` (padded or packed input).
+        `input_ids` may be text (a str or a list, see `to_tokens`; padding gets its mask)."""
+        if is_text(input_ids):
+            input_ids, attention_mask = self._ids_and_mask(
+                input_ids, attention_mask, None, None, "forward"
+            )
         return self.model(
             input_ids,
             attention_mask,
@@ -92,14 +104,15 @@ class SentenceEncoder(nn.Module):
         """Token ids per text, with the special tokens ([CLS]/[SEP], <s>/</s>), truncated to
         the maximum length (this call's only: the tokenizer is not changed)."""
         limit = self.max_seq_length if max_seq_length is None else max_seq_length
-        return encode_ids(self.tokenizer, texts, limit)
+        return encode_ids(self.tokenizer.tokenizer, texts, limit)
 
     @property
     def special_ids(self) -> tuple[list[int], list[int]]:
         """The ids the tokenizer puts before and after every text: ([CLS], [SEP]) for BERT,
         ([<s>], [</s>]) for RoBERTa, ([], []) for a tokenizer that adds none."""
-        inner = self.tokenizer.encode("a", add_special_tokens=False).ids
-        full = self.tokenizer.post_process(self.tokenizer.encode("a", add_special_tokens=False))
+        raw = self.tokenizer.tokenizer
+        inner = raw.encode("a", add_special_tokens=False).ids
+        full = raw.post_process(raw.encode("a", add_special_tokens=False))
         ids = full.ids
         for i in range(len(ids) - len(inner) + 1):
             if ids[i : i + len(inner)] == inner:
@@ -212,6 +225,12 @@ class SentenceEncoder(nn.Module):
                 f"the tokenizer produced token id {highest}, outside the model's vocabulary "
                 f"({vocab} ids): tokenizer.json does not belong to this model"
             )
+
+    def _text_max_length(self) -> int | None:
+        return self.max_seq_length
+
+    def _text_device(self) -> torch.device:
+        return self.device
 
     @property
     def max_position_limit(self) -> int:

@@ -22,6 +22,7 @@ from .reader import GGUFFile, GGUFTensor
 
 # integer tensors hold no weights; the rest dequantise to float32 (or keep their float dtype)
 _NOT_WEIGHTS = {Q.I8, Q.I16, Q.I32, Q.I64}
+_CHUNK_BYTES = 2**20  # stored bytes dequantised at a time (Q4_1: ~7 MB of float32)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class GGUFCheckpoint(Checkpoint):
             self._sources[key] = (tensor, layout)
         super().__init__(str(file.path), infos)
 
+    def close(self) -> None:
+        self.file.close()
+
     def qtypes(self) -> dict[str, int]:
         """How many tensors of each stored type (F32, Q4_1, ...)."""
         counts: dict[str, int] = {}
@@ -81,12 +85,16 @@ class GGUFCheckpoint(Checkpoint):
 
     def read(self, name: str, out: Tensor | None = None) -> Tensor:
         tensor, layout = self._sources[name]
-        raw = np.empty(tensor.nbytes, dtype=np.uint8)
-        self.file.read_bytes(tensor, memoryview(raw))
-        try:
-            values = dequantize(raw, tensor.qtype, tensor.shape)
-        except ValueError as e:
-            raise ValueError(f"{self.source}: tensor {tensor.name!r}: {e}") from None
+        if out is not None and not layout.heads and not layout.transpose and tensor.shape:
+            # rows are stored one after another: dequantise a bounded run of rows at a time
+            # into `out`, so the float32 temporary of an embedding matrix is never whole
+            rows = tensor.shape[0]
+            step = max(1, _CHUNK_BYTES * rows // max(1, tensor.nbytes))
+            for start in range(0, rows, step):
+                stop = min(rows, start + step)
+                out[start:stop].copy_(self._values(tensor, start, stop))
+            return out
+        values = self._values(tensor, 0, tensor.shape[0] if tensor.shape else 1)
         if layout.heads:
             values = unpermute_rows(values, layout.heads)
         if layout.transpose and values.dim() == 2:
@@ -94,3 +102,15 @@ class GGUFCheckpoint(Checkpoint):
         if out is None:
             return values.contiguous()
         return out.copy_(values)
+
+    def _values(self, tensor: GGUFTensor, start: int, stop: int) -> Tensor:
+        """Rows start..stop of `tensor`, dequantised (float32, or the stored float dtype)."""
+        rows = tensor.shape[0] if tensor.shape else 1
+        row_bytes = tensor.nbytes // max(1, rows)
+        raw = np.empty((stop - start) * row_bytes, dtype=np.uint8)
+        self.file.read_bytes(tensor, raw, start * row_bytes)
+        shape = (stop - start, *tensor.shape[1:]) if tensor.shape else ()
+        try:
+            return dequantize(raw, tensor.qtype, shape)
+        except ValueError as e:
+            raise ValueError(f"{self.source}: tensor {tensor.name!r}: {e}") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,11 @@ from .checkpoint import GGUFCheckpoint, GGUFNames
 from .metadata import Metadata
 from .reader import GGUFFile
 from .tokenizer import TokenizerParts, gguf_tokenizer
+
+if TYPE_CHECKING:
+    from ..text import ModelTokenizer
+
+_TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
 
 # general.architecture -> (metadata -> config.json, GGUF tensor names -> Hugging Face keys)
 GGUF_ARCHITECTURES: dict[
@@ -50,16 +56,35 @@ def load_gguf_causal_lm(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
-) -> tuple[CausalLM, TokenizerParts | None]:
-    """The model in a GGUF file and the parts of its tokenizer (None when it has none).
-    `dtype` None: float32 for quantised weights, else the stored float dtype."""
+) -> CausalLM:
+    """The model in a GGUF file, carrying the tokenizer its metadata describes as
+    `model.tokenizer` (a `ModelTokenizer`; None when the file has none). `dtype` None: float32
+    for quantised weights, else the stored float dtype."""
     from ..causal_lm import CAUSAL_LM_FAMILIES  # causal_lm imports this module
     from ..loading import load_model
 
     file, meta, config = read_gguf(path)
-    tokenizer = gguf_tokenizer(meta)  # before the weights: a refused tokenizer costs nothing
-    checkpoint = GGUFCheckpoint(file, GGUF_ARCHITECTURES[meta.arch][1](meta, config))
+    parts = gguf_tokenizer(meta)  # before the weights: a refused tokenizer costs nothing
+    tokenizer = None if parts is None else _model_tokenizer(parts)
+    del parts
+    for key in _TOKENIZER_ARRAYS:  # ~100,000 Python strings, held by the tokenizer now
+        meta.values.pop(key, None)
+    checkpoint = GGUFCheckpoint(file, GGUF_ARCHITECTURES[str(meta.arch)][1](meta, config))
     family = CAUSAL_LM_FAMILIES[config["model_type"]]
     model = load_model(family, config, checkpoint, dtype=dtype, device=device)
     assert isinstance(model, CausalLM)
-    return model, tokenizer
+    model.tokenizer = tokenizer
+    return model
+
+
+def _model_tokenizer(parts: TokenizerParts) -> ModelTokenizer:
+    from ..text import ModelTokenizer
+
+    return ModelTokenizer(
+        parts.tokenizer,
+        bos_id=parts.bos_id,
+        eos_id=parts.eos_id,
+        pad_id=parts.pad_id,
+        add_bos=parts.add_bos and parts.bos_id is not None,
+        name=parts.name,
+    )

@@ -17,9 +17,11 @@ truncated or corrupt file is a ValueError naming it, never an IndexError from de
 from __future__ import annotations
 
 import math
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from io import BufferedReader
 from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType
@@ -78,7 +80,7 @@ class _Cursor:
         n = self.take("<Q")
         if self.pos + n > len(self.data):
             raise self.fail(f"truncated (a {n}-byte string at byte {self.pos})")
-        raw = self.data[self.pos : self.pos + n]
+        raw = bytes(self.data[self.pos : self.pos + n])
         self.pos += n
         try:
             return raw.decode("utf-8")
@@ -113,22 +115,16 @@ class GGUFFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._handle: BufferedReader | None = None
         try:
             size = self.path.stat().st_size
             with open(self.path, "rb") as f:
-                head = f.read(24)
-                cursor = _Cursor(head, self.path)
-                self._check_start(cursor)
-                # the header's size is unknown until parsed: read generously, then more if needed
-                f.seek(0)
-                data = f.read(min(size, 64 * 2**20))
-                try:
-                    self._parse(_Cursor(data, self.path), size)
-                except GGUFError:
-                    if len(data) == size:
-                        raise
-                    f.seek(0)
-                    self._parse(_Cursor(f.read(), self.path), size)
+                self._check_start(_Cursor(f.read(8), self.path))
+                if size == 0:
+                    raise _Cursor(b"", self.path).fail("empty file")
+                # mapped, so only the header's pages are read; closed before any tensor is
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    self._parse(_Cursor(mapped, self.path), size)  # type: ignore[arg-type]
         except OSError as e:
             raise GGUFError(f"cannot read {str(self.path)!r}: {e}") from None
 
@@ -189,10 +185,16 @@ class GGUFFile:
             )
         return GGUFTensor(name, qtype, tuple(reversed(dims)), offset, nbytes)
 
-    def read_bytes(self, tensor: GGUFTensor, out: bytearray | memoryview | Any) -> None:
-        """Copies `tensor`'s stored bytes into `out` (a writable buffer of `tensor.nbytes`).
-        Plain reads, not a memory map: mapped pages would count as resident memory."""
-        with open(self.path, "rb") as f:
-            f.seek(tensor.offset)
-            if f.readinto(out) != tensor.nbytes:
-                raise GGUFError(f"{str(self.path)!r}: tensor {tensor.name!r} is cut short")
+    def read_bytes(self, tensor: GGUFTensor, out: Any, skip: int = 0) -> None:
+        """Fills `out` with `tensor`'s stored bytes from byte `skip` on. Plain reads, not a
+        memory map: mapped pages would count as resident memory."""
+        if self._handle is None:
+            self._handle = open(self.path, "rb")  # noqa: SIM115 (closed by close())
+        self._handle.seek(tensor.offset + skip)
+        if self._handle.readinto(out) != out.nbytes:
+            raise GGUFError(f"{str(self.path)!r}: tensor {tensor.name!r} is cut short")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None

@@ -74,7 +74,7 @@ def _byte_level(meta: Metadata, tokens: list[str]) -> Tokenizer:
         vocab.setdefault(token, i)
     merges = meta.values.get("tokenizer.ggml.merges") or []
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    bpe = models.BPE(vocab, pairs, continuing_subword_prefix="", end_of_word_suffix="")  # type: ignore[arg-type]
+    bpe = models.BPE(vocab, pairs, continuing_subword_prefix="", end_of_word_suffix="")
     tokenizer = Tokenizer(bpe)
     split = _SPLITS.get(meta.values.get("tokenizer.ggml.pre", ""))
     if split is None:
