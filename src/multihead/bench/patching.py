@@ -21,7 +21,14 @@ from collections.abc import Callable
 
 import torch
 
-from ..interpret import act_name, attribution_patch, patch, run_with_cache, run_with_hooks
+from ..interpret import (
+    PatchResult,
+    act_name,
+    attribution_patch,
+    patch,
+    run_with_cache,
+    run_with_hooks,
+)
 from ..interpret.ablation import replace_heads
 from ..modules import CausalLM, LMConfig
 from ..table import format_table
@@ -65,6 +72,12 @@ def _seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def _timed(fn: Callable[[], PatchResult]) -> tuple[PatchResult, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
 def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.flatten().double(), b.flatten().double()
     return float(torch.corrcoef(torch.stack([a, b]))[0, 1])
@@ -95,15 +108,16 @@ def run(
     patches = L * H * tokens
     rows: list[list[str]] = []
     with torch.no_grad():
-        batched = patch(
-            model, clean, corrupted, metric, heads=False, head_positions=True, engine="batched"
-        )
-        t_batched = _seconds(
-            lambda: patch(
-                model, clean, corrupted, metric, heads=False, head_positions=True, engine="batched"
-            ),
-            repeats,
-        )
+        runs = [
+            _timed(
+                lambda: patch(
+                    model, clean, corrupted, metric, heads=False, head_positions=True,
+                    engine="batched",
+                )
+            )
+            for _ in range(repeats)
+        ]  # fmt: skip
+        batched, t_batched = runs[0][0], statistics.median(t for _, t in runs)
         t_forward = _seconds(lambda: model(corrupted), max(repeats, 5))
     fast = batched.head_positions
     assert fast is not None
@@ -136,13 +150,15 @@ def run(
                 agree = max(agree, abs(fraction - float(fast[layer, head, pos])))
         t_loop = statistics.median(per_patch) * patches
         how = f"{samples} patches timed x {patches}"
-    t_attr = _seconds(
-        lambda: attribution_patch(
-            model, clean, corrupted, metric, heads=False, head_positions=True
-        ),
-        repeats,
-    )
-    approx = attribution_patch(model, clean, corrupted, metric, heads=False, head_positions=True)
+    attr_runs = [
+        _timed(
+            lambda: attribution_patch(
+                model, clean, corrupted, metric, heads=False, head_positions=True
+            )
+        )
+        for _ in range(repeats)
+    ]
+    approx, t_attr = attr_runs[0][0], statistics.median(t for _, t in attr_runs)
     assert approx.head_positions is not None
     order = fast.flatten().abs().argsort(descending=True)[:top]
     corr_all = _pearson(approx.head_positions, fast)
