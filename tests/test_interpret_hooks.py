@@ -13,9 +13,16 @@ from torch import nn
 from multihead import MultiHeadAttention
 from multihead.compat import replace_attention
 from multihead.interpret import act_name, hook_names, hooks, run_with_cache, run_with_hooks
+from multihead.interpret.hooks import BY_NAME_ONLY, ON_REQUEST
 from multihead.modules import CausalLM, EncoderDecoder, LMConfig, StackConfig
 
 from conftest import assert_close
+
+
+def by_predicate(model):
+    """The names a predicate can select: all but the per-head attention inputs."""
+    return [n for n in hook_names(model) if not n.endswith(BY_NAME_ONLY)]
+
 
 CLOSE = dict(atol=1e-5, rtol=1e-4)
 B, T, V = 2, 7, 53
@@ -121,14 +128,15 @@ def test_causal_lm_activations_recomputed_by_hand(position, kv_heads):
 def test_names_are_listed_in_the_order_they_fire():
     model = lm("rope")
     ids = torch.randint(0, V, (B, T))
-    assert hook_names(model) == fired_names(model, ids)
+    # a predicate selects every point but the per-head inputs (by name only)
+    assert by_predicate(model) == fired_names(model, ids)
     learned = lm("learned")
     fired = fired_names(learned, ids)
-    assert [n for n in hook_names(learned) if "rot_" not in n] == fired
+    assert [n for n in by_predicate(learned) if "rot_" not in n] == fired
     assert fired[:3] == ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
     assert fired[-3:] == ["ln_final.hook_scale", "ln_final.hook_normalized", "hook_logits"]
     _, default = run_with_cache(learned, ids)  # hook_result only when asked by name
-    assert list(default) == [n for n in fired if not n.endswith("hook_result")]
+    assert list(default) == [n for n in fired if not n.endswith(ON_REQUEST)]
     assert default.stack("pattern").shape == (2, B, 4, T, T)
     assert act_name("pattern", 1) == "blocks.1.attn.hook_pattern"
     assert act_name("resid_post", 0) == "blocks.0.hook_resid_post"
@@ -145,7 +153,7 @@ def test_encoder_decoder_cross_attention_names_and_shapes():
         plain = model(src, tgt, src_mask=src_mask)
         out, c = run_with_cache(model, src, tgt, src_mask=src_mask, names=lambda n: True)
     assert torch.equal(out, plain)
-    assert [n for n in hook_names(model) if "rot_" not in n] == list(c)
+    assert [n for n in by_predicate(model) if "rot_" not in n] == list(c)
     assert c["encoder.blocks.1.attn.hook_pattern"].shape == (B, 3, 5, 5)
     assert c["decoder.blocks.0.attn.hook_pattern"].shape == (B, 4, 6, 6)
     cross = "decoder.blocks.0.cross_attn."

@@ -219,3 +219,33 @@ def hooks_for(module: Any) -> ModuleHooks | None:
     if not found:
         return None
     return found[0] if len(found) == 1 else ModuleHooks.merge(found)
+
+
+class _Replacement:
+    """A session that shows fixed tensors at some hook points of one module, ahead of every
+    other session's hooks (see `replacing`)."""
+
+    def __init__(self, module: nn.Module, values: dict[str, Tensor]) -> None:
+        self.module = module
+
+        def fn_for(value: Tensor) -> HookFn:
+            return lambda activation, name: value
+
+        fns = {point: [(fn_for(v), point)] for point, v in values.items()}
+        self.hooks = ModuleHooks("", fns, set(values), [])
+
+    def lookup(self, module: Any) -> ModuleHooks | None:
+        return self.hooks if module is self.module else None
+
+
+@contextmanager
+def replacing(module: nn.Module, values: dict[str, Tensor]) -> Iterator[None]:
+    """Inside the block, `module`'s hook points named in `values` carry these tensors instead of
+    what the module computed (in the layout hooks see), before any hook of the open sessions
+    sees them: how a block hands attention the q, k, v it computed from per-head inputs."""
+    replacement = _Replacement(module, values)
+    _SESSIONS.set((replacement, *_SESSIONS.get()))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        _SESSIONS.set(tuple(s for s in _SESSIONS.get() if s is not replacement))

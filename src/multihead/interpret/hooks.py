@@ -48,8 +48,12 @@ BLOCK_ACTS = {
 MLP_ACTS = {"pre", "post", "pre_linear"}
 NORM_ACTS = {"scale", "normalized"}
 MODEL_ACTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed", "logits": "hook_logits"}
-# Computed only when asked by name (each head's (B, T, H, C) contribution is large).
-ON_REQUEST = ("hook_result",)
+# Computed only when asked by name (each head's (B, T, H, C) contribution is large; the
+# per-head attention inputs route the layer through a per-head projection).
+ON_REQUEST = ("hook_result", "hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
+# Selected by their names only, never by a predicate: hooking them changes how the layer runs
+# (ln1's hooks then see per-head shapes), which `lambda n: n.startswith("blocks.7.")` should not.
+BY_NAME_ONLY = ON_REQUEST[1:]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -107,7 +111,7 @@ def _select(model: nn.Module, names: NameFilter, *, default_all: bool) -> list[s
     if names is None:
         return [n for n in every if not n.endswith(ON_REQUEST)] if default_all else []
     if callable(names):
-        return [n for n in every if names(n)]
+        return [n for n in every if names(n) and not n.endswith(BY_NAME_ONLY)]
     wanted = [names] if isinstance(names, str) else list(names)
     known = set(every)
     for n in wanted:
@@ -211,22 +215,46 @@ def run_with_cache(
     *inputs: Any,
     names: NameFilter = None,
     device: torch.device | str | None = None,
+    names_filter: NameFilter = None,
+    ungroup_grouped_query_attention: bool = False,
     **kwargs: Any,
 ) -> tuple[Any, ActivationCache]:
     """`model(*inputs, **kwargs)` and a cache of its activations, detached.
 
-    `names`: a name, a list of names or a predicate; default every hook point except
-    `hook_result` (ask for it by name). `device`: where to keep them (default: where they are).
+    `names` (or `names_filter`, TransformerLens' spelling): a name, a list of names or a
+    predicate; default every hook point except those computed on request (`hook_result`, and
+    `hook_attn_in`, `hook_q_input`, `hook_k_input`, `hook_v_input`, which a predicate never
+    selects either: ask for them by name).
+    `device`: where to keep them (default: where they are). `ungroup_grouped_query_attention`:
+    store hook_k, hook_v and hook_rot_k per query head (B, T, H, D), each query head's copy of
+    the key/value head it reads, instead of per key/value head (B, T, Hkv, D) (TransformerLens'
+    config flag of that name; the model computes with the grouped heads either way).
     The model computes exactly what it computes without the cache.
     """
+    if names is not None and names_filter is not None:
+        raise TypeError("run_with_cache got both names and names_filter (the same argument)")
     model = unwrap(model)
-    selected = _select(model, names, default_all=True)
+    selected = _select(model, names if names_filter is None else names_filter, default_all=True)
     store: dict[str, Tensor] = {}
+    repeats = _kv_repeats(model) if ungroup_grouped_query_attention else {}
 
     def save(activation: Tensor, name: str) -> None:
+        if name in repeats:  # (B, T, Hkv, D) -> (B, T, H, D): query head h reads kv head h // r
+            activation = activation.repeat_interleave(repeats[name], dim=2)
         store[name] = activation.detach() if device is None else activation.detach().to(device)
 
     session = HookSession(model, [(n, save) for n in selected], writes=False)
     with session.active():
         out = model(*inputs, **kwargs)
     return out, ActivationCache(store, model)
+
+
+def _kv_repeats(model: nn.Module) -> dict[str, int]:
+    """Hook name -> query heads per key/value head, for the key/value points of grouped
+    attention modules."""
+    repeats = {}
+    for name, module, point in hook_point_names(model):
+        groups = getattr(module, "num_heads", 1) // getattr(module, "num_kv_heads", 1)
+        if point in ("hook_k", "hook_v", "hook_rot_k") and groups > 1:
+            repeats[name] = groups
+    return repeats

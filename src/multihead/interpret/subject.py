@@ -262,14 +262,22 @@ def load_subject(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> Subject:
-    """The inspectable model in a Hugging Face directory (config.json, weights, tokenizer.json):
-    an encoder for model_type in ENCODER_TYPES, else a causal LM (`load_causal_lm` says which
-    model types it reads). `dtype`, `device`: as the loaders take them."""
+    """The inspectable model in a Hugging Face directory (config.json, weights, tokenizer.json)
+    or a GGUF file, named as `multihead.models.source.resolve_model` reads names: an encoder
+    for model_type in ENCODER_TYPES, else a causal LM (`load_causal_lm` says which model
+    types it reads). `dtype`, `device`: as the loaders take them."""
     from ..models.checkpoint import read_json
+    from ..models.source import resolve_model
     from ..pretrained import load_causal_lm, load_encoder
     from ..pretrained.files import resolve_model_dir
 
-    model_dir = resolve_model_dir(path)
+    source = resolve_model(path)
+    if source.is_gguf:  # a decoder whose tokenizer is in its metadata
+        lm = load_causal_lm(source.path, dtype=dtype, device=device)
+        if lm.tokenizer is None:
+            raise ValueError(f"{str(source.path)!r} carries no tokenizer (tokenizer.ggml.*)")
+        return CausalLMSubject(lm, lm.tokenizer.tokenizer, bos_id=lm.tokenizer.bos_id)
+    model_dir = resolve_model_dir(source.path)
     config = read_json(model_dir / "config.json")
     if config.get("model_type") in ENCODER_TYPES:
         return EncoderSubject(load_encoder(model_dir, dtype=dtype, device=device))

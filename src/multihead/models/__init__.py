@@ -9,11 +9,36 @@ loaders that dispatch on config.json's model_type.
   mpnet/       MPNet                        -> MPNetEncoder (a BertEncoder with a shared
                relative position bias)
 
-Shared: checkpoint.py (files and headers), keymap.py (declarative key maps), fields.py
+  gguf/        GGUF files: header, dequantisation, tokenizer (each family's GGUF names and
+               metadata in its folder: llama/gguf.py, gpt2/gguf.py)
+
+Shared: source.py (what a user names -> files), auto.py (`multihead.load`), checkpoint.py
+(files and headers), keymap.py (declarative key maps), fields.py
 (config values), loading.py (meta-device build, then each tensor read once).
 """
 
-from .causal_lm import CAUSAL_LM_FAMILIES, load_causal_lm
-from .encoder import ENCODER_FAMILIES, load_encoder_model
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# imported on first use, so that `models.source` (name resolution, no torch) stays light
+_LAZY = {
+    "CAUSAL_LM_FAMILIES": "causal_lm",
+    "load_causal_lm": "causal_lm",
+    "ENCODER_FAMILIES": "encoder",
+    "load_encoder_model": "encoder",
+}
+
+if TYPE_CHECKING:
+    from .causal_lm import CAUSAL_LM_FAMILIES, load_causal_lm
+    from .encoder import ENCODER_FAMILIES, load_encoder_model
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["CAUSAL_LM_FAMILIES", "ENCODER_FAMILIES", "load_causal_lm", "load_encoder_model"]

@@ -29,9 +29,11 @@ from ..positional.scheme import PositionScheme
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward, SwiGLU
 from .norm import make_norm
+from .split_inputs import SPLIT_INPUT_POINTS, split_inputs, wants_split_inputs
 
 BLOCK_HOOK_POINTS = (
     "hook_resid_pre",
+    *SPLIT_INPUT_POINTS,  # per-head attention inputs: computed only when hooked
     "hook_attn_out",
     "hook_resid_mid",
     "hook_mlp_out",
@@ -44,6 +46,7 @@ CROSS_HOOK_POINTS = ("hook_cross_attn_out", "hook_resid_mid_cross")
 # pre-norm block, after the residual sum in a post-norm one.
 PRE_NORM_ORDER = (
     "hook_resid_pre",
+    *SPLIT_INPUT_POINTS,
     "norm1",
     "attn",
     "hook_attn_out",
@@ -59,6 +62,7 @@ PRE_NORM_ORDER = (
 )
 POST_NORM_ORDER = (
     "hook_resid_pre",
+    *SPLIT_INPUT_POINTS,
     "attn",
     "hook_attn_out",
     "norm1",
@@ -201,15 +205,27 @@ class TransformerBlock(nn.Module):
         if hooks is not None:
             x = hooks("hook_resid_pre", x)
         weights = None
-        a = self.attn(
-            self.norm1(x) if self.norm_first else x,
-            mask=mask,
-            key_mask=key_mask,
-            cache=cache,
-            positions=positions,
-            return_weights=return_weights,
-            lengths=lengths,
-        )
+        if hooks is not None and wants_split_inputs(hooks):
+            if lengths is not None:
+                raise ValueError(
+                    "per-head attention inputs (hook_attn_in, hook_q_input ...) need padded "
+                    "input (B, T); packed sequences (lengths=) have none"
+                )
+            with split_inputs(self, x, hooks):  # q, k, v from per-head inputs, handed to attn
+                a = self.attn(
+                    x, mask=mask, key_mask=key_mask, cache=cache, positions=positions,
+                    return_weights=return_weights,
+                )  # fmt: skip
+        else:
+            a = self.attn(
+                self.norm1(x) if self.norm_first else x,
+                mask=mask,
+                key_mask=key_mask,
+                cache=cache,
+                positions=positions,
+                return_weights=return_weights,
+                lengths=lengths,
+            )
         if return_weights:
             a, weights = a
         x = self._add(x, self.dropout(a), self.norm1, hooks, "hook_attn_out", "hook_resid_mid")

@@ -229,6 +229,25 @@ class ModelWeights:
         """(L, H, d_model, d_model): each head's W_V[l, h] @ W_O[l, h], factored."""
         return FactoredMatrix(self.W_V, self.W_O)
 
+    def process_weights_(
+        self,
+        *,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+    ) -> Any:
+        """Fold the norms into the weights and centre them, in place, as TransformerLens'
+        `process_weights_`; the model computes the same logits (see
+        `multihead.modules.folding`). Returns the model."""
+        from .folding import process_weights_
+
+        return process_weights_(
+            cast(nn.Module, self),
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+        )
+
     def all_composition_scores(self, mode: str) -> Tensor:
         """(L, H, L, H): how much head (l1, h1)'s output feeds head (l2, h2)'s query ("Q"),
         key ("K") or value ("V") input (Elhage et al. 2021; TransformerLens' definition):

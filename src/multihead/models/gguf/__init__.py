@@ -4,13 +4,14 @@ Each family's GGUF names and metadata live in its own folder (llama/gguf.py, gpt
 
 from .load import GGUF_ARCHITECTURES, load_gguf_causal_lm, read_gguf
 from .reader import GGUFError, GGUFFile
-from .tokenizer import TokenizerParts, gguf_tokenizer
+from .tokenizer import TokenizerParts, check_gguf_tokenizer, gguf_tokenizer
 
 __all__ = [
     "GGUF_ARCHITECTURES",
     "GGUFError",
     "GGUFFile",
     "TokenizerParts",
+    "check_gguf_tokenizer",
     "gguf_tokenizer",
     "load_gguf_causal_lm",
     "read_gguf",

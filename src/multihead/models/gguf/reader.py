@@ -20,8 +20,8 @@ import math
 import mmap
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from io import BufferedReader
+from pathlib import Path
 from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType

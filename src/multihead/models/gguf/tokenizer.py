@@ -105,19 +105,29 @@ def _byte_level(meta: Metadata, tokens: list[str]) -> Tokenizer:
     return tokenizer
 
 
+def check_gguf_tokenizer(meta: Metadata) -> None:
+    """Refuses, without building anything, a tokenizer `gguf_tokenizer` cannot rebuild (or
+    its absence: a tool that turns text into ids needs one)."""
+    tokens = meta.values.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ValueError(f"{meta.source} carries no tokenizer (tokenizer.ggml.tokens)")
+    kind = meta.values.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(
+            f"{meta.source}: tokenizer.ggml.model {kind!r} is not supported; multihead rebuilds "
+            "byte-level BPE tokenizers ('gpt2') from GGUF files (SentencePiece 'llama' "
+            "vocabularies are not supported yet)"
+        )
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"{meta.source}: tokenizer.ggml.tokens must be a list of strings")
+
+
 def gguf_tokenizer(meta: Metadata) -> TokenizerParts | None:
     """The file's tokenizer, or None when it carries none (no tokenizer.ggml.tokens)."""
     tokens = meta.values.get("tokenizer.ggml.tokens")
     if tokens is None:
         return None
-    kind = meta.values.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(
-            f"{meta.source}: tokenizer.ggml.model {kind!r} is not supported; multihead rebuilds "
-            "byte-level BPE tokenizers ('gpt2') from GGUF files"
-        )
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-        raise ValueError(f"{meta.source}: tokenizer.ggml.tokens must be a list of strings")
+    check_gguf_tokenizer(meta)
 
     def token_id(key: str) -> int | None:
         value = meta.values.get(f"tokenizer.ggml.{key}")
