@@ -19,6 +19,7 @@ SUBCOMMANDS = (
     "bench_decode",
     "bench_encoder_layer",
     "bench_parallel",
+    "bench_load",
     "bench_patching",
 )
 

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from torch import Tensor
 
 from ..checkpoint import Checkpoint, TensorInfo
-from .dequant import PLAIN, dequantize
+from .dequant import PLAIN, can_dequantize, dequantize
 from .reader import GGUFFile, GGUFTensor
 
 # integer tensors hold no weights; the rest dequantise to float32 (or keep their float dtype)
@@ -60,6 +60,12 @@ class GGUFCheckpoint(Checkpoint):
                 raise ValueError(
                     f"{str(file.path)!r}: tensor {tensor.name!r} is stored as {tensor.qtype.name} "
                     "(integers), not as weights"
+                )
+            if not can_dequantize(tensor.qtype):
+                raise ValueError(
+                    f"{str(file.path)!r}: tensor {tensor.name!r} is stored as "
+                    f"{tensor.qtype.name}, a quantisation type the installed gguf package cannot "
+                    "dequantise"
                 )
             shape = tensor.shape
             if layout.transpose and len(shape) == 2:

@@ -9,10 +9,12 @@ than gguf's (their nibble shuffles are memory-bound), so gguf does those.
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
 from torch import Tensor
 
 PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16, Q.F64: torch.float64}
@@ -43,3 +45,16 @@ def dequantize(raw: np.ndarray, qtype: Q, shape: tuple[int, ...]) -> Tensor:
             f"GGUF tensor type {qtype.name} cannot be dequantised by the installed gguf package"
         ) from None
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
+
+
+@cache
+def can_dequantize(qtype: Q) -> bool:
+    """Whether `dequantize` handles `qtype` (gguf's dequantisers are tried on one zero block)."""
+    if qtype in PLAIN or qtype in _TORCH_BLOCKS:
+        return True
+    _, size = GGML_QUANT_SIZES[qtype]
+    try:
+        quants.dequantize(np.zeros((1, size), dtype=np.uint8), qtype)
+    except (NotImplementedError, ValueError):
+        return False
+    return True

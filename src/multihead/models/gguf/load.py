@@ -48,6 +48,9 @@ def read_gguf(path: str | Path) -> tuple[GGUFFile, Metadata, dict]:
             f"loads GGUF architectures {', '.join(map(repr, GGUF_ARCHITECTURES))}"
         )
     config = GGUF_ARCHITECTURES[arch][0](meta, set(file.tensors))
+    embedding = file.tensors.get("token_embd.weight")
+    if config.get("vocab_size") is None and embedding is not None:  # no vocab_size, no tokens
+        config["vocab_size"] = embedding.shape[0]
     return file, meta, config
 
 
@@ -71,7 +74,13 @@ def load_gguf_causal_lm(
         meta.values.pop(key, None)
     checkpoint = GGUFCheckpoint(file, GGUF_ARCHITECTURES[str(meta.arch)][1](meta, config))
     family = CAUSAL_LM_FAMILIES[config["model_type"]]
-    model = load_model(family, config, checkpoint, dtype=dtype, device=device)
+    try:
+        model = load_model(family, config, checkpoint, dtype=dtype, device=device)
+    except ValueError as e:  # metadata and tensors disagree: say which file
+        message = str(e)
+        raise ValueError(
+            message if meta.source in message else f"{meta.source}: {message}"
+        ) from None
     assert isinstance(model, CausalLM)
     model.tokenizer = tokenizer
     return model
