@@ -8,9 +8,12 @@ one pair of inputs (B = 1, T tokens; the corrupted one differs in one token), in
   `full_loop=True` runs the whole loop engine instead;
 - batched: `patch(..., head_positions=True, engine="batched")`, median of `repeats` runs;
 - attribution: `attribution_patch(...)`, median of `repeats` runs.
-It checks the engines agree (the sampled patches' fractions against the batched ones, or every
-entry with `full_loop`), and reports how well attribution patching ranks the real effects:
-Pearson correlation over all entries and over the top `top` by |real fraction|.
+Times are CPU seconds of this process (`time.process_time`): with one thread, the work done,
+whatever else the machine runs (wall time on a loaded shared machine swings by 3x between the
+loop's samples and the batched runs). It checks the engines agree (the sampled patches'
+fractions against the batched ones, or every entry with `full_loop`), and reports how well
+attribution patching ranks the real effects: Pearson correlation over all entries and over the
+top `top` by |real fraction|.
 """
 
 from __future__ import annotations
@@ -63,19 +66,25 @@ def _model(model_path: str | None, layers: int | None) -> tuple[CausalLM, str]:
     return CausalLM(cfg).eval(), name
 
 
+def clock() -> float:
+    """CPU seconds of this process: on one thread (--threads 1) the compute time, which other
+    processes on a shared machine do not inflate (wall time would: see the module docstring)."""
+    return time.process_time()
+
+
 def _seconds(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
 def _timed(fn: Callable[[], PatchResult]) -> tuple[PatchResult, float]:
-    start = time.perf_counter()
+    start = clock()
     result = fn()
-    return result, time.perf_counter() - start
+    return result, clock() - start
 
 
 def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -122,11 +131,11 @@ def run(
     fast = batched.head_positions
     assert fast is not None
     if full_loop:
-        start = time.perf_counter()
+        start = clock()
         loop = patch(
             model, clean, corrupted, metric, heads=False, head_positions=True, engine="loop"
         )
-        t_loop = time.perf_counter() - start
+        t_loop = clock() - start
         assert loop.head_positions is not None
         agree = float((loop.head_positions - fast).abs().max())
         how = "every patch run"
@@ -142,10 +151,10 @@ def run(
                 )
                 point = act_name("z", layer)
                 fn = replace_heads([head], cache[point][:, :, [head]], positions=[pos])
-                start = time.perf_counter()
+                start = clock()
                 out = run_with_hooks(model, corrupted, fwd_hooks=[(point, fn)])
                 value = float(metric(out))
-                per_patch.append(time.perf_counter() - start)
+                per_patch.append(clock() - start)
                 fraction = (value - batched.corrupted) / difference
                 agree = max(agree, abs(fraction - float(fast[layer, head, pos])))
         t_loop = statistics.median(per_patch) * patches
@@ -172,7 +181,8 @@ def run(
     header = (
         f"patching every head at every position: {name}, {L} layers x {H} heads x {tokens} "
         f"positions = {patches} patches, B = 1\n"
-        f"torch {env['torch']}, {env['threads']} thread(s), {env['cpu']}; medians of {repeats}\n"
+        f"torch {env['torch']}, {env['threads']} thread(s), {env['cpu']}; CPU seconds of this "
+        f"process, medians of {repeats}\n"
     )
     table = format_table(["engine", "seconds", "speed-up vs loop", "max |fraction - loop's|"], rows)
     tail = (
