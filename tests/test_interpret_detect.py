@@ -167,7 +167,7 @@ def test_bad_input():
     model = CausalLM(LMConfig(vocab_size=11, dim=16, num_layers=L, num_heads=H)).eval()
     with pytest.raises(ValueError, match="detection_pattern must be one of"):
         detect_head(model, torch.arange(5), "copy_head")
-    with pytest.raises(TypeError, match="no tokenizer"):
+    with pytest.raises(ValueError, match="no tokenizer"):  # text needs model.tokenizer
         detect_head(model, "some text", "induction_head")
 
 
