@@ -50,3 +50,14 @@ def test_batched_head_patching_equals_explicit_patching(smollm2_model, pair):
             expected = (float(metric(out)) - result.corrupted) / (result.clean - result.corrupted)
             assert float(result.heads[layer, head]) == pytest.approx(expected, abs=1e-5)
     assert result.heads.abs().max() > 0.1
+
+
+def test_detect_head_reads_text_through_the_models_tokenizer(smollm2_model):
+    from multihead.interpret import detect_head
+
+    text = "The cat sat on the mat. The cat sat on the mat."
+    with torch.no_grad():
+        by_text = detect_head(smollm2_model, text, "induction_head")
+        by_ids = detect_head(smollm2_model, smollm2_model.to_tokens(text), "induction_head")
+    torch.testing.assert_close(by_text, by_ids)
+    assert by_text.shape == (30, 9) and by_text.max() > 0.2  # SmolLM2's induction heads
