@@ -11,7 +11,10 @@ run, and the metric is read: recovered = (metric(patched) - metric(corrupted)) /
 0 that it carries none of the difference. Heads are patched through `hook_z` (each head's output
 before the output projection), at every position, or one position at a time with
 `head_positions=True`; residual streams (`resid=("resid_pre", "resid_post")`) one block and one
-position at a time. One forward pass per patched activation, without gradients.
+position at a time, without gradients. Two engines give the same fractions: the batched one
+(default for a CausalLM in eval mode: many patches per forward, the unchanged prefix of layers
+run once; `patch_batched.py`) and the loop (one whole forward per patch, any model). For an
+estimate of every patch from one forward and one backward, see `attribution_patch`.
 
 Shapes: clean and corrupted inputs alike (B, T); heads (L, H); head_positions (L, H, T);
 resid[name] (L, T). L counts attention modules as `head_gates` rows do (blocks for CausalLM,
