@@ -82,10 +82,14 @@ def test_each_head_fraction_equals_the_hand_computation(setup):
 def test_table_lists_the_largest_fractions(setup):
     model, clean, corrupted = setup
     result = patch(model, clean, corrupted, metric, resid="resid_pre")
-    text = result.table(top=4)
+    text = result.table(top=4, kind="resid_pre")
     lines = text.splitlines()
-    assert lines[0].startswith("metric: clean") and lines[1].split() == ["patched", "recovered"]
-    assert len(lines) == 3 + 4
+    assert lines[0].startswith("metric: clean") and lines[2].split() == [
+        "patched",
+        "(resid_pre)",
+        "recovered",
+    ]
+    assert len(lines) == 4 + 4
     assert f"resid_pre L0 pos {K}" in text and "1.000" in text
     assert str(result) == result.table()
 
@@ -100,3 +104,19 @@ def test_bad_input(setup):
         patch(model, clean, corrupted, metric, resid="resid_mid")
     with pytest.raises(ValueError, match=r"metric must return a scalar.*\(2,\)"):
         patch(model, clean, corrupted, lambda logits: logits[:, -1, 0])
+
+
+def test_table_keeps_heads_beside_larger_residual_entries():
+    heads = torch.tensor([[0.01, -0.02], [0.03, 0.0]])
+    resid = {"resid_pre": torch.full((2, 4), 0.9)}  # every residual entry outweighs every head
+    result = PatchResult(1.0, 0.0, heads, None, resid, ("a", "b"))
+    text = result.table(top=3)
+    assert "patched (heads)" in text and "patched (resid_pre)" in text
+    head_rows = [line for line in text.splitlines() if line.strip().startswith("L")]
+    assert [r.split()[:2] for r in head_rows] == [["L1", "H0"], ["L0", "H1"], ["L0", "H0"]]
+    assert text.count("resid_pre L") == 3
+    only = result.table(kind="heads")
+    assert "resid_pre" not in only and "L1 H0" in only
+    assert result.sections() == ["heads", "resid_pre"]
+    with pytest.raises(ValueError, match="kind must be one of"):
+        result.table(kind="head_positions")

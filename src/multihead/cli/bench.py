@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "bench_encoder_layer",
     "bench_parallel",
     "bench_load",
+    "bench_patching",
 )
 
 

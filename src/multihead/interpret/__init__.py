@@ -4,13 +4,24 @@ logit attribution, capture, head gates, metrics, importance and reports."""
 from .ablation import ablate, mean_ablation, resample_ablation, zero_ablation
 from .attribution import Attribution, direct_logit_attribution
 from .capture import AttentionRecord, Records, capture
+from .detect import (
+    TEMPLATES,
+    detect_head,
+    duplicate_token_pattern,
+    head_scores,
+    induction_pattern,
+    previous_token_pattern,
+    sink_pattern,
+)
 from .gates import head_gates
 from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
 from .lens import LensResult, logit_lens
+from .patch_attribution import attribution_patch
 from .patching import PatchResult, patch
 from .scope import attention_modules
 
 __all__ = [
+    "TEMPLATES",
     "ActivationCache",
     "AttentionRecord",
     "Attribution",
@@ -20,16 +31,23 @@ __all__ = [
     "ablate",
     "act_name",
     "attention_modules",
+    "attribution_patch",
     "capture",
+    "detect_head",
     "direct_logit_attribution",
+    "duplicate_token_pattern",
     "head_gates",
+    "head_scores",
     "hook_names",
     "hooks",
+    "induction_pattern",
     "logit_lens",
     "mean_ablation",
     "patch",
+    "previous_token_pattern",
     "resample_ablation",
     "run_with_cache",
     "run_with_hooks",
+    "sink_pattern",
     "zero_ablation",
 ]

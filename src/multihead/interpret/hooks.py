@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hook_points import HookFn, HookSession, hook_point_names
+from .cache_algebra import CacheAlgebra
 from .steps import call_target, combine, ran
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
@@ -161,12 +162,18 @@ def run_with_hooks(
         return ran(call(*inputs, **kwargs), call)
 
 
-class ActivationCache(Mapping[str, Tensor]):
+class ActivationCache(CacheAlgebra, Mapping[str, Tensor]):
     """Activations by hook name; `cache["pattern", 1]` and `cache["embed"]` are TransformerLens'
-    shorthands."""
+    shorthands. With the `model` they came from, the residual-stream algebra of
+    `cache_algebra.CacheAlgebra` (accumulated_resid, decompose_resid, stack_head_results,
+    apply_ln_to_stack, logit_attrs, remove_batch_dim)."""
 
-    def __init__(self, store: dict[str, Tensor]) -> None:
+    def __init__(
+        self, store: dict[str, Tensor], model: nn.Module | None = None, has_batch_dim: bool = True
+    ) -> None:
         self._store = store
+        self.model = model
+        self.has_batch_dim = has_batch_dim
 
     def _key(self, key: str | tuple) -> str:
         if isinstance(key, tuple):
@@ -244,7 +251,7 @@ def run_with_cache(
     session = HookSession(model, [(n, save) for n in selected], writes=False)
     with session.active():
         out = ran(call(*inputs, **kwargs), call)
-    return out, combine(call, store)
+    return out, combine(call, store, model)
 
 
 def _kv_repeats(model: nn.Module) -> dict[str, int]:

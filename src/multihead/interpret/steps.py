@@ -57,14 +57,15 @@ def ran(out: Any, call: Any) -> Any:
     return out
 
 
-def combine(call: Any, store: dict[str, list[Tensor]]) -> Any:
+def combine(call: Any, store: dict[str, list[Tensor]], model: nn.Module | None = None) -> Any:
     """The cache (or caches) of one `run_with_cache` call from each hook point's activations
-    in the order they were seen."""
+    in the order they were seen; `model` (the hooked module) goes with each cache for its
+    residual-stream algebra."""
     from .hooks import ActivationCache
 
     kind = getattr(call, "cache_steps", None)
     if isinstance(call, nn.Module) or (kind is None and all(len(a) == 1 for a in store.values())):
-        return ActivationCache({name: acts[-1] for name, acts in store.items()})
+        return ActivationCache({name: acts[-1] for name, acts in store.items()}, model)
     if kind is None:
         runs = max(len(a) for a in store.values())
         raise ValueError(
@@ -77,8 +78,10 @@ def combine(call: Any, store: dict[str, list[Tensor]]) -> Any:
         raise ValueError(f"hook points were seen {sorted(counts)} times: the runs do not align")
     if kind == SEQUENCES:
         runs = counts.pop() if counts else 0
-        return [ActivationCache({n: a[i] for n, a in store.items()}) for i in range(runs)]
-    return ActivationCache({name: _by_position(name, acts) for name, acts in store.items()})
+        return [ActivationCache({n: a[i] for n, a in store.items()}, model) for i in range(runs)]
+    return ActivationCache(
+        {name: _by_position(name, acts) for name, acts in store.items()}, model
+    )
 
 
 def _by_position(name: str, acts: list[Tensor]) -> Tensor:
