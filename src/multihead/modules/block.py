@@ -141,10 +141,15 @@ class TransformerBlock(nn.Module):
         positions: Tensor | None = None,
         return_weights: bool = False,
         lengths: VarLen | Sequence[int] | None = None,
+        window: int | tuple[int, int] | None = None,
+        documents: Tensor | None = None,
+        prefix: int | Tensor | None = None,
     ):
         """x (B, T, C) -> (B, T, C) [, self-attention weights (B, H, T, Tk)].
 
-        With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`."""
+        With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`.
+        `window`, `documents`, `prefix`: the self-attention's structure (see
+        `functional.attention`)."""
         if lengths is not None and self.cross_attn is not None:
             raise ValueError("lengths (packed sequences) do not support cross-attention blocks")
         hooks = hooks_for(self)
@@ -159,6 +164,7 @@ class TransformerBlock(nn.Module):
             positions=positions,
             return_weights=return_weights,
             lengths=lengths,
+            **_given(window=window, documents=documents, prefix=prefix),
         )
         if return_weights:
             a, weights = a
@@ -256,3 +262,9 @@ def _residual(branch: Tensor, x: Tensor) -> Tensor:
     if branch.requires_grad or x.requires_grad:
         return branch + x
     return branch.add_(x)
+
+
+def _given(**structure: object) -> dict[str, object]:
+    """The structure arguments that are set (so attention modules that predate them, or hook
+    wrappers with the old signature, keep working when none is)."""
+    return {name: arg for name, arg in structure.items() if arg is not None}
