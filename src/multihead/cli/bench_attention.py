@@ -23,6 +23,12 @@ def add_arguments(parser) -> None:
         type=positive_int,
         help=f"samples per contender (default {REPEATS}; {QUICK_REPEATS} with --quick)",
     )
+    parser.add_argument(
+        "--mask",
+        choices=["window", "documents", "prefix", "all"],
+        help="structured attention instead: the function and the module against their ideal "
+        "(the cost of the allowed pairs), dense-mask SDPA and compiled flex_attention (CPU, fp32)",
+    )
     add_device(parser)
     add_common(parser)
 
@@ -32,6 +38,15 @@ def run(args) -> int:
     apply_common(args)
     from ..bench import attention
 
+    if args.mask is not None:
+        from ..bench import attention_structure
+
+        if args.device != "cpu" or args.dtype != "fp32":
+            raise ValueError("--mask measures CPU fp32 (the targets of the tiled backend)")
+        kinds = attention_structure.MASKS if args.mask == "all" else (args.mask,)
+        reps = args.repeats or QUICK_REPEATS
+        print(attention_structure.main(kinds, quick=args.quick, repeats=reps))
+        return 0
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
     print(attention.main(quick=args.quick, repeats=repeats, device=args.device, dtype=args.dtype))
     if args.quick:

@@ -3,9 +3,10 @@ follows. Decided from Python ints (shapes, the window, an int prefix) and, where
 is free (eager mode, CPU), from per-block ranges of the document ids; elsewhere documents only
 make tiles partial, never skipped, so the plan stays correct under tracing.
 
-A query block of `block` rows visits runs of key blocks; adjacent visited blocks merge into one
-span (up to a cap on the scores buffer), which is `full` (no mask needed) when every pair in it
-is allowed, else `partial` (a small (rows, span) mask is built for it).
+A query block of `block` rows visits runs of key blocks; adjacent full blocks (every pair
+allowed: no mask needed) merge into one span (up to a cap on the scores buffer). A `diagonal`
+tile is square on the query positions and cut only by causality (a fused kernel runs it
+causal, without a mask); any other is partial (a small (rows, keys) mask is built for it).
 
 Shapes: documents (B, Tk); a tile is queries q0..q1 x keys k0..k1 of a (Tq, Tk) call.
 """
@@ -30,6 +31,7 @@ class Tile(NamedTuple):
     k0: int
     k1: int
     full: bool  # every (query, key) pair allowed by causality and structure
+    diagonal: bool = False  # square on the query positions, cut by causality alone
 
 
 def block_size(structure: Structure | None) -> int:
@@ -106,20 +108,35 @@ def plan_tiles(
             if docs is not None:
                 full = full and docs[qi][ki] == FULL
                 none = none or docs[qi][ki] == NONE
-            if not none:
-                kinds.append((k0, k1, full))
-        rows.append(_merge(q0, q1, kinds, cap))
+            if none:
+                continue
+            # Square on the positions, and everything but causality allows every pair:
+            diagonal = causal and not full and k0 == p0 and k1 - 1 == p1 and prefix is None
+            if diagonal and s.window is not None:
+                diagonal = p1 - p0 <= s.window[0]
+            if diagonal and docs is not None:
+                diagonal = docs[qi][ki] == FULL
+            elif diagonal and s.documents is not None:
+                diagonal = False
+            kinds.append(Tile(q0, q1, k0, k1, full, diagonal))
+        rows.append(_merge(kinds, cap))
     return rows
 
 
-def _merge(q0: int, q1: int, kinds: list[tuple[int, int, bool]], cap: int) -> list[Tile]:
-    """Adjacent visited key blocks -> spans of at most `cap` keys; a span is full only when all
-    its blocks are."""
+def _merge(tiles: list[Tile], cap: int) -> list[Tile]:
+    """Adjacent full tiles -> spans of at most `cap` keys; partial and diagonal tiles stay
+    apart (their masks, or the kernel's causality, cover their own keys only)."""
     spans: list[Tile] = []
-    for k0, k1, full in kinds:
+    for tile in tiles:
         last = spans[-1] if spans else None
-        if last is not None and last.k1 == k0 and k1 - last.k0 <= cap:
-            spans[-1] = Tile(q0, q1, last.k0, k1, last.full and full)
+        if (
+            last is not None
+            and last.full
+            and tile.full
+            and last.k1 == tile.k0
+            and tile.k1 - last.k0 <= cap
+        ):
+            spans[-1] = last._replace(k1=tile.k1)
         else:
-            spans.append(Tile(q0, q1, k0, k1, full))
+            spans.append(tile)
     return spans

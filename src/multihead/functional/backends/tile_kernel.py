@@ -36,12 +36,19 @@ def _additive(allowed: Tensor | None, bias: Tensor | None, dtype) -> Tensor | No
 
 
 def kernel_forward(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    scale: float,
+    diagonal: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of one tile: softmax over this tile's keys alone; lse = -inf on empty rows."""
+    """(out, lse) of one tile: softmax over this tile's keys alone; lse = -inf on empty rows.
+    `diagonal`: a square tile that the kernel's own (top-left) causality masks."""
     mask = _additive(allowed, bias, q.dtype)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, attn_mask=mask, scale=scale
+        q, k, v, is_causal=diagonal, attn_mask=mask, scale=scale
     )
     if mask is not None:
         alive = (mask > NEG_INF).any(dim=-1)  # (.., tq): rows with an allowed key here
@@ -59,10 +66,11 @@ def kernel_backward(
     allowed: Tensor | None,
     bias: Tensor | None,
     scale: float,
+    diagonal: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of one tile given the global out (B, H, tq, Dv) and lse (B, H, tq)."""
     mask = _additive(allowed, bias, q.dtype)
     safe = torch.where(lse == NEG_INF, 0.0, lse)  # rows with no key anywhere: all scores -inf
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, q, k, v, out, safe.to(lse.dtype), 0.0, False, attn_mask=mask, scale=scale
+        grad_out, q, k, v, out, safe.to(lse.dtype), 0.0, diagonal, attn_mask=mask, scale=scale
     )

@@ -71,13 +71,17 @@ def _slice(t: Tensor | None, tile: Tile) -> Tensor | None:
     return t if t.shape[3] == 1 else t[..., tile.k0 : tile.k1]
 
 
-def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, tq, tk, device):
+def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, tq, tk, device, fused):
+    """(allowed, bias, kernel-causal) of one tile: a diagonal tile with nothing else to mask
+    runs the fused kernel's own causality, with no mask at all."""
+    if fused and tile.diagonal and mask is None and bias is None:
+        return None, None, True
     allowed = _slice(mask, tile)
     if not tile.full:
         shape = structure if structure is not None else Structure()
         own = structure_mask(shape, causal, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, device)
         allowed = own if allowed is None else (allowed if own is None else allowed & own)
-    return allowed, _slice(bias, tile)
+    return allowed, _slice(bias, tile), False
 
 
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
@@ -90,11 +94,13 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     fused = kernel_runs(q)
     for tiles in rows:
         for n, tile in enumerate(tiles):
-            allowed, bias_t = _tile_masks(tile, mask, bias, structure, causal, tq, tk, q.device)
+            allowed, bias_t, diagonal = _tile_masks(
+                tile, mask, bias, structure, causal, tq, tk, q.device, fused
+            )
             q_t, k_t = q[:, :, tile.q0 : tile.q1], k[:, :, tile.k0 : tile.k1]
             v_t = v[:, :, tile.k0 : tile.k1]
             if fused:
-                o, l = kernel_forward(q_t, k_t, v_t, allowed, bias_t, scale)
+                o, l = kernel_forward(q_t, k_t, v_t, allowed, bias_t, scale, diagonal)
             else:
                 o, l = tile_forward(
                     q_t, k_t, v_t, scale=scale, allowed=allowed, bias=bias_t, keep=None,
@@ -145,13 +151,15 @@ class _Tiled(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         for tiles in rows:
             for tile in tiles:
-                allowed, bias_t = _tile_masks(tile, mask, bias, structure, causal, tq, tk, q.device)
+                allowed, bias_t, diagonal = _tile_masks(
+                    tile, mask, bias, structure, causal, tq, tk, q.device, fused
+                )
                 r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
                 ds: list[Tensor] | None = [] if want_bias else None
                 if fused:
                     dq_t, dk_t, dv_t = kernel_backward(
                         q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], out[:, :, r],
-                        lse[:, :, r], allowed, bias_t, scale,
+                        lse[:, :, r], allowed, bias_t, scale, diagonal,
                     )  # fmt: skip
                     dq[:, :, r] += dq_t
                     dk[:, :, c] += dk_t
