@@ -37,7 +37,7 @@ class Structure(NamedTuple):
     prefix: int | Tensor | None = None
 
 
-def _window(window: object) -> tuple[int, int]:
+def check_window(window: object) -> tuple[int, int]:
     def bad() -> ValueError:
         return ValueError(
             "window must be a positive int W (keys within W positions of the query: "
@@ -58,7 +58,7 @@ def _window(window: object) -> tuple[int, int]:
     raise bad()
 
 
-def _integer_tensor(name: str, t: Tensor, shape: tuple[int, ...], device: torch.device) -> None:
+def check_integer_ids(name: str, t: Tensor, shape: tuple[int, ...], device: torch.device) -> None:
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor (torch.long), got dtype {t.dtype}")
     if tuple(t.shape) != shape:
@@ -82,14 +82,14 @@ def check_structure(
     k (B, Hkv, Tk, D); None when none is given. Reads values only where that is free."""
     if window is None and documents is None and prefix is None:
         return None
-    win = None if window is None else _window(window)
+    win = None if window is None else check_window(window)
     if documents is not None:
         if not isinstance(documents, Tensor):
             raise TypeError(
                 "documents must be a (B, Tk) integer tensor or None, got "
                 f"{type(documents).__name__}"
             )
-        _integer_tensor("documents", documents, (batch, tk), device)
+        check_integer_ids("documents", documents, (batch, tk), device)
         if tq > tk:
             raise ValueError(
                 f"documents need at least as many keys as queries (Tq={tq} > Tk={tk}): "
@@ -102,7 +102,7 @@ def check_structure(
                 "it needs causal=True"
             )
         if isinstance(prefix, Tensor):
-            _integer_tensor("prefix", prefix, (batch,), device)
+            check_integer_ids("prefix", prefix, (batch,), device)
             if may_read(prefix):
                 low, high = (int(x) for x in torch.aminmax(prefix))
                 if low < 0 or high > tk:
