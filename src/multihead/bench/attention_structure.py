@@ -144,7 +144,7 @@ def module_row(kind: str, T: int, repeats: int) -> list[str]:
         qkv = F.linear(x, m.in_proj.weight, m.in_proj.bias)
         return F.linear(qkv[..., :512], m.out_proj.weight, m.out_proj.bias)
 
-    fns = {
+    fns: dict[str, Callable[[], object]] = {
         "causal": _train(lambda: m(x)),
         "structured": _train(lambda: m(x, **args)),
         "dense mask": _train(lambda: m(x, mask=dense)),  # the path structure replaces

@@ -35,13 +35,13 @@ class Tile(NamedTuple):
 
 
 def block_size(structure: Structure | None) -> int:
-    """Queries (and keys) per tile: 128, smaller for narrow windows so that a window's two
-    ragged edges waste little (a window of W visits about W + block keys per query)."""
+    """Queries (and keys) per tile: 128, smaller for windows narrower than that (a window of
+    W visits about W + block keys per query; smaller tiles cost more calls per pair)."""
     if structure is None or structure.window is None:
         return 128
-    width = min(structure.window[0], 10**9) + 1
+    width = structure.window[0] + 1
     size = 128
-    while size > 32 and size > width // 2:
+    while size > 32 and size > width:
         size //= 2
     return size
 
@@ -90,7 +90,13 @@ def plan_tiles(
         q1 = min(q0 + block, tq)
         p0, p1 = q0 + offset, q1 - 1 + offset  # first and last query positions
         kinds = []
-        for ki, k0 in enumerate(range(0, tk, block)):
+        lo, hi = 0, tk  # the keys any query of this block may see (Python ints)
+        if s.window is not None:
+            lo, hi = max(0, p0 - s.window[0]), min(tk, p1 + s.window[1] + 1)
+        if causal and prefix is None:
+            hi = min(hi, p1 + 1)
+        for ki in range(lo // block, -(-hi // block)):
+            k0 = ki * block
             k1 = min(k0 + block, tk)
             j0, j1 = k0, k1 - 1
             full, none = True, False
