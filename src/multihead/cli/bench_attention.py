@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from .bench import add_common, add_device, apply_common, check_device
+from .errors import UsageError
 from .parsing import positive_int
 
 NAME = "attention"
@@ -42,7 +43,10 @@ def run(args) -> int:
         from ..bench import attention_structure
 
         if args.device != "cpu" or args.dtype != "fp32":
-            raise ValueError("--mask measures CPU fp32 (the targets of the tiled backend)")
+            raise UsageError(
+                f"--mask measures --device cpu --dtype fp32 (the tiled backend's targets), "
+                f"got --device {args.device} --dtype {args.dtype}"
+            )
         kinds = attention_structure.MASKS if args.mask == "all" else (args.mask,)
         reps = args.repeats or QUICK_REPEATS
         print(attention_structure.main(kinds, quick=args.quick, repeats=reps))
