@@ -224,3 +224,14 @@ def test_property_tiled_equals_the_dense_mask(tq, extra, causal, window, cuts, p
     assert_close(out, ref)
     for a, b in zip(grads(out, q, k, v), grads(ref, q, k, v), strict=True):
         assert_close(a, b)
+
+
+@pytest.mark.parametrize("grad", [False, True])  # the fused tiles, and the plain-torch ones
+def test_nan_in_the_bias_is_not_a_block(grad):
+    q, k, v = (t.detach() for t in qkv(16, 16, dtype=torch.float32))
+    bias = torch.zeros(1, 1, 16, 16)
+    bias[..., 9, :] = float("nan")  # every key of query 9
+    out = attention(q, k, v, bias=bias.requires_grad_(grad), causal=True, window=4,
+                    backend="tiled")  # fmt: skip
+    assert torch.isnan(out[:, :, 9]).all()
+    assert not torch.isnan(out[:, :, 12:]).any()

@@ -51,7 +51,9 @@ def kernel_forward(
         q, k, v, is_causal=diagonal, attn_mask=mask, scale=scale
     )
     if mask is not None:
-        alive = (mask > NEG_INF).any(dim=-1)  # (.., tq): rows with an allowed key here
+        # (.., tq): rows with a key here that is not blocked (a NaN bias is not a block: the
+        # row stays, and its NaN reaches the output)
+        alive = (mask != NEG_INF).any(dim=-1)
         lse = torch.where(alive, lse, NEG_INF)
     return out, lse
 
