@@ -235,3 +235,19 @@ def test_nan_in_the_bias_is_not_a_block(grad):
                     backend="tiled")  # fmt: skip
     assert torch.isnan(out[:, :, 9]).all()
     assert not torch.isnan(out[:, :, 12:]).any()
+
+
+def test_structure_traces_under_torch_compile_fullgraph():
+    # Compiled code cannot trace the tiled backend's autograd.Function: auto runs sdpa under
+    # the dense mask there (built from the structure inside the graph), with equal results.
+    q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
+    documents = torch.tensor([[0] * 100 + [1] * 200])
+
+    def f(q, k, v, documents):
+        return attention(q, k, v, causal=True, window=64, documents=documents, prefix=10)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v, documents), f(q, k, v, documents)  # want: the tiled backend
+    assert_close(got, want, torch.float32)
+    for a, b in zip(grads(got, q, k, v), grads(want, q, k, v), strict=True):
+        assert_close(a, b, torch.float32)

@@ -35,6 +35,10 @@ def tiled_why_not(call: AttentionCall) -> list[str]:
         reasons.append("it cannot return attention weights (the eager backend can)")
     if call.dropout_p > 0.0:
         reasons.append("it has no attention dropout (sdpa and eager apply it to the dense mask)")
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace its autograd.Function (a plan of Python tiles): compiled code
+        # runs sdpa under the dense mask instead, which traces.
+        reasons.append("it does not trace under torch.compile (sdpa with the dense mask does)")
     return reasons
 
 
