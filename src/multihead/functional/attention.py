@@ -108,13 +108,18 @@ class Explanation:
 
     chosen: str
     reasons: dict[str, list[str]]  # backend name -> reasons it cannot run (empty: it can)
+    # backends that can run the call but that auto passes over for it (their cost rule)
+    not_preferred: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         lines = [f"backend: {self.chosen}"]
         for name, why in self.reasons.items():
             if name == self.chosen:
                 continue
-            lines.append(f"  {name}: " + ("; ".join(why) if why else "can run (lower priority)"))
+            can = "can run (lower priority)"
+            if name in self.not_preferred:
+                can = "can run, but auto does not pick it for this call (its cost rule)"
+            lines.append(f"  {name}: " + ("; ".join(why) if why else can))
         return "\n".join(lines)
 
 
@@ -127,4 +132,9 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Explanation:
         raise TypeError(f"explain() got unexpected keyword arguments: {sorted(unknown)}")
     call = make_call(q, k, v, **kwargs)
     reasons = {name: get_backend(name).why_not(call) for name in available_backends()}
-    return Explanation(select_backend(call, backend).name, reasons)
+    passed = tuple(
+        name
+        for name in available_backends()
+        if (rule := get_backend(name).prefer) is not None and not rule(call)
+    )
+    return Explanation(select_backend(call, backend).name, reasons, passed)
