@@ -1,5 +1,6 @@
 """Attention on one tile (a run of queries x a run of keys) with its log-sum-exp, its exact
-backward from a saved global log-sum-exp, and the merge of partial results.
+backward from a saved global log-sum-exp, and the merge of partial results. Shared by ring
+attention (parallel/ring_attention.py) and the tiled backend (functional/backends/tiled.py).
 
 Pure torch, accumulated in fp32 (fp64 inputs in fp64). Blocked entries score -inf; a row with no
 allowed key in a tile gets lse = -inf and output 0, so it contributes nothing when merged.
