@@ -21,8 +21,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .functional import masks
-
 
 class KeySet(NamedTuple):
     """What one attention call attends to, as a cache hands it out.
@@ -33,7 +31,8 @@ class KeySet(NamedTuple):
     the first query along the keys (queries sit at first_slot .. first_slot + Tq - 1), which
     index-based position biases (ALiBi) need: an int, or a 0-d tensor (a static cache, whose
     count lives on the device); `key_slots` (Tk,) the slot of each key when the keys are not
-    in order 0 .. Tk - 1 (a ring buffer), else None.
+    in order 0 .. Tk - 1 (a ring buffer), else None; `window` a sliding window (an int, as
+    `attention(window=)`) for keys in position order, bottom-right aligned.
     """
 
     k: Tensor
@@ -43,6 +42,7 @@ class KeySet(NamedTuple):
     causal: bool
     first_slot: int | Tensor
     key_slots: Tensor | None = None
+    window: int | None = None  # a sliding window over keys in position order (structure)
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
@@ -202,10 +202,9 @@ class KVCache(_SelfAttentionCache):
         T = k.shape[2]
         keys, values, mask = self.update(k, v, key_mask)
         Tk = keys.shape[2]
-        window = None
-        if self.window is not None:
-            window = masks.sliding_window(T, Tk, self.window, causal=causal, device=k.device)
-        return KeySet(keys, values, mask, window, causal, Tk - T)
+        # The window travels as structure (keys are in position order, bottom-right aligned):
+        # a long prefill into a window cache builds no (T, Tk) mask.
+        return KeySet(keys, values, mask, None, causal, Tk - T, window=self.window)
 
     def _append_dynamic(self, k: Tensor, v: Tensor, mask: Tensor) -> None:
         if self._k is None:

@@ -19,6 +19,7 @@ from .. import compat
 from ..functional import explain
 from ..modules import MultiHeadAttention
 from ..table import format_table
+from . import attention_small
 from .timing import (
     dtype_name,
     environment,
@@ -204,4 +205,7 @@ def main(
         device=dev,
         dtype=dt,
     )
-    return report(rows, matmul_gflops(device=dev, dtype=dt), device=dev, dtype=dt)
+    text = report(rows, matmul_gflops(device=dev, dtype=dt), device=dev, dtype=dt)
+    if dev.type == "cpu" and dt == torch.float32:  # per-call overhead: the small-call rows
+        text += "\n\n" + attention_small.report(repeats=reps if quick else max(reps, 15))
+    return text

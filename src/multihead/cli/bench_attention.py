@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from .bench import add_common, add_device, apply_common, check_device
+from .errors import UsageError
 from .parsing import positive_int
 
 NAME = "attention"
@@ -23,6 +24,12 @@ def add_arguments(parser) -> None:
         type=positive_int,
         help=f"samples per contender (default {REPEATS}; {QUICK_REPEATS} with --quick)",
     )
+    parser.add_argument(
+        "--mask",
+        choices=["window", "documents", "prefix", "all"],
+        help="structured attention instead: the function and the module against their ideal "
+        "(the cost of the allowed pairs), dense-mask SDPA and compiled flex_attention (CPU, fp32)",
+    )
     add_device(parser)
     add_common(parser)
 
@@ -32,6 +39,18 @@ def run(args) -> int:
     apply_common(args)
     from ..bench import attention
 
+    if args.mask is not None:
+        from ..bench import attention_structure
+
+        if args.device != "cpu" or args.dtype != "fp32":
+            raise UsageError(
+                f"--mask measures --device cpu --dtype fp32 (the tiled backend's targets), "
+                f"got --device {args.device} --dtype {args.dtype}"
+            )
+        kinds = attention_structure.MASKS if args.mask == "all" else (args.mask,)
+        reps = args.repeats or QUICK_REPEATS
+        print(attention_structure.main(kinds, quick=args.quick, repeats=reps))
+        return 0
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
     print(attention.main(quick=args.quick, repeats=repeats, device=args.device, dtype=args.dtype))
     if args.quick:

@@ -14,13 +14,16 @@ from torch import Tensor
 from ..hook_points import FUNCTION, hooks_for
 from .backends import available_backends, get_backend, select_backend
 from .backends.eager import eager_attention
-from .call import AttentionCall, make_call
+from .call import AttentionCall, dense_call, make_call
 
 
 def dispatch(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor | None]:
     """Run a validated `AttentionCall` (see `make_call`) on `backend`: every attention in
-    multihead passes here."""
-    return select_backend(call, backend).run(call)
+    multihead passes here. A backend that cannot read structure gets the dense mask."""
+    chosen = select_backend(call, backend)
+    if call.structure is not None and not chosen.structured:
+        call = dense_call(call)
+    return chosen.run(call)
 
 
 def attention(
@@ -35,6 +38,9 @@ def attention(
     dropout_p: float = 0.0,
     return_weights: bool = False,
     backend: str = "auto",
+    window: int | tuple[int, int] | None = None,
+    documents: Tensor | None = None,
+    prefix: int | Tensor | None = None,
 ):
     """Scaled dot-product attention over heads, with grouped-query support.
 
@@ -53,6 +59,16 @@ def attention(
         return_weights: also return the weights `(B, H, Tq, Tk)` (after dropout, as torch does);
             this runs the eager backend.
         backend: a registered backend name, or "auto" for the fastest that can run the call.
+        window: an int W: query at position p sees keys within W positions (p - W + 1 .. p with
+            causal, as `masks.sliding_window`); or a (left, right) pair: keys p - left ..
+            p + right.
+        documents: `(B, Tk)` integer document ids: a query sees only keys of its own document
+            (causally inside it when causal). Queries are the last Tq positions.
+        prefix: an int P or a `(B,)` integer tensor (needs causal): prefix-LM, the first P
+            positions see each other both ways.
+        Window, documents and prefix reach the backends as structure, not as a (Tq, Tk) mask:
+        the tiled backend computes only the tiles with an allowed pair (see
+        `functional.structure`); they combine with mask, bias, causal and grouped-query heads.
 
     A query row that may attend to nothing returns zeros (output, weights and gradients).
 
@@ -69,12 +85,16 @@ def attention(
         scale=scale,
         dropout_p=dropout_p,
         return_weights=return_weights,
+        window=window,
+        documents=documents,
+        prefix=prefix,
     )
     out, weights = dispatch(call, backend)
     hooks = hooks_for(FUNCTION)  # only `capture()` without a model observes bare calls
     if hooks is not None:
         with torch.no_grad():
-            _, pattern = eager_attention(call._replace(dropout_p=0.0, return_weights=True))
+            side = dense_call(call)._replace(dropout_p=0.0, return_weights=True)
+            _, pattern = eager_attention(side)
         assert pattern is not None
         hooks.observe(call, pattern)
     if return_weights:
@@ -88,22 +108,33 @@ class Explanation:
 
     chosen: str
     reasons: dict[str, list[str]]  # backend name -> reasons it cannot run (empty: it can)
+    # backends that can run the call but that auto passes over for it (their cost rule)
+    not_preferred: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         lines = [f"backend: {self.chosen}"]
         for name, why in self.reasons.items():
             if name == self.chosen:
                 continue
-            lines.append(f"  {name}: " + ("; ".join(why) if why else "can run (lower priority)"))
+            can = "can run (lower priority)"
+            if name in self.not_preferred:
+                can = "can run, but auto does not pick it for this call (its cost rule)"
+            lines.append(f"  {name}: " + ("; ".join(why) if why else can))
         return "\n".join(lines)
 
 
 def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Explanation:
     """Tell which backend `attention(q, k, v, **kwargs)` would run, and why the others would not."""
     backend = kwargs.pop("backend", "auto")
-    unknown = set(kwargs) - {"mask", "bias", "causal", "scale", "dropout_p", "return_weights"}
+    known = {"mask", "bias", "causal", "scale", "dropout_p", "return_weights"}
+    unknown = set(kwargs) - known - {"window", "documents", "prefix"}
     if unknown:
         raise TypeError(f"explain() got unexpected keyword arguments: {sorted(unknown)}")
     call = make_call(q, k, v, **kwargs)
     reasons = {name: get_backend(name).why_not(call) for name in available_backends()}
-    return Explanation(select_backend(call, backend).name, reasons)
+    passed = tuple(
+        name
+        for name in available_backends()
+        if (rule := get_backend(name).prefer) is not None and not rule(call)
+    )
+    return Explanation(select_backend(call, backend).name, reasons, passed)

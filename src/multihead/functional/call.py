@@ -19,6 +19,8 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from .structure import Structure, check_structure, dense_mask
+
 ScaleRule = Literal["positive", "finite"]
 
 
@@ -27,7 +29,9 @@ class AttentionCall(NamedTuple):
 
     q `(B, H, Tq, D)`, k `(B, Hkv, Tk, D)`, v `(B, Hkv, Tk, Dv)`; `mask` is boolean
     (True = may attend) and `bias` additive, both 4-D and broadcastable to `(B, H, Tq, Tk)`.
-    `causal` is aligned bottom-right. `scale` is resolved to a float.
+    `causal` is aligned bottom-right. `scale` is resolved to a float. `structure` (a window,
+    document ids, a prefix; see `functional.structure`) restricts the pairs further; backends
+    that do not declare `structured=True` never see it (`dispatch` gives them `dense_call`).
     (A NamedTuple: built on every call, it must be cheap; dynamo traces it without breaks.)
     """
 
@@ -40,6 +44,7 @@ class AttentionCall(NamedTuple):
     scale: float
     dropout_p: float
     return_weights: bool
+    structure: Structure | None = None
 
     @property
     def groups(self) -> int:
@@ -212,6 +217,9 @@ def make_call(
     scale: float | None = None,
     dropout_p: float = 0.0,
     return_weights: bool = False,
+    window: int | tuple[int, int] | None = None,
+    documents: Tensor | None = None,
+    prefix: int | Tensor | None = None,
     qkv_checked: bool = False,
     scale_rule: ScaleRule = "positive",
 ) -> AttentionCall:
@@ -228,14 +236,35 @@ def make_call(
         mask = check_mask(mask, target, q.device)
     if bias is not None:
         bias = check_bias(bias, target, q.device)
+    causal = check_flag("causal", causal)
+    structure = None
+    if window is not None or documents is not None or prefix is not None:
+        structure = check_structure(
+            window, documents, prefix, causal=causal, batch=B, tq=Tq, tk=k.shape[2],
+            device=q.device,
+        )  # fmt: skip
     return AttentionCall(
         q,
         k,
         v,
         mask,
         bias,
-        check_flag("causal", causal),
+        causal,
         resolve_scale(scale, D, scale_rule),
         check_dropout(dropout_p),
         check_flag("return_weights", return_weights),
+        structure,
     )
+
+
+def dense_call(call: AttentionCall) -> AttentionCall:
+    """The same call with its structure folded into a dense boolean mask, for backends that
+    cannot read structure. Causality stays a flag unless a prefix relaxes it."""
+    structure = call.structure
+    if structure is None:
+        return call
+    tq, tk = call.q.shape[2], call.k.shape[2]
+    with_prefix = structure.prefix is not None
+    dense = dense_mask(structure, call.causal and with_prefix, tq, tk, call.q.device)
+    mask = dense if call.mask is None else (call.mask if dense is None else call.mask & dense)
+    return call._replace(mask=mask, causal=call.causal and not with_prefix, structure=None)

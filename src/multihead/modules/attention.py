@@ -45,6 +45,19 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+def _narrowest(
+    window: int | tuple[int, int] | None, cached: int | None
+) -> int | tuple[int, int] | None:
+    """The caller's window and a cache's together (each side the narrower of the two)."""
+    if window is None or cached is None:
+        return window if cached is None else cached
+    if isinstance(window, int):
+        return min(window, cached)
+    if isinstance(window, (tuple, list)) and len(window) == 2:
+        return (min(window[0], cached - 1), min(window[1], cached - 1))
+    return window  # malformed: make_call names it
+
+
 class MultiHeadAttention(AttentionWeights, nn.Module):
     """Multi-head attention with grouped-query support: self or cross, masked, causal.
 
@@ -157,6 +170,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         cache: KVCache | CrossKVCache | None = None,
         positions: Tensor | None = None,
         lengths: VarLen | Sequence[int] | None = None,
+        window: int | tuple[int, int] | None = None,
+        documents: Tensor | None = None,
+        prefix: int | Tensor | None = None,
     ):
         """Attend from `query` `(B, Tq, C)` to `key` `(B, Tk, kdim)` / `value` `(B, Tk, vdim)`.
 
@@ -174,18 +190,26 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         sequences of these lengths one after another (see `functional.varlen`); each attends
         only to itself, with no padding computed, and RoPE/ALiBi positions restart at 0 in
         each. Returns `(N, C)`.
+        `window`, `documents` (B, Tk), `prefix`: the structure of `functional.attention`
+        (sliding window, packed documents by id, prefix-LM), passed on as such; with a
+        `KVCache`, documents cover every cached key and queries are the last positions.
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
+        structure = {"window": window, "documents": documents, "prefix": prefix}
         if self._sequence_parallel is not None:  # this rank holds a chunk of the sequence
+            extra = {name: arg for name, arg in structure.items() if arg is not None}
             return self._sequence_parallel(
                 self, query, key, value, mask=mask, key_mask=key_mask, causal=causal,
                 return_weights=return_weights, cache=cache, positions=positions, lengths=lengths,
+                **extra,
             )  # fmt: skip
         causal = self.causal if causal is None else check_flag("causal", causal)
         hooks = hooks_for(self)
         if lengths is not None:
-            self._refuse_with_lengths(key, value, mask, key_mask, cache, positions, return_weights)
+            self._refuse_with_lengths(
+                key, value, mask, key_mask, cache, positions, return_weights, structure
+            )
             return self._forward_packed(query, VarLen.of(lengths), causal, hooks)
         weight = self.out_proj.weight
         if (
@@ -205,6 +229,11 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             cross_cache = cache is not None and cache.cross
             x = batch_inputs(self, query, key, value, key_mask, cross_cache)
         q, keys = self._queries_and_keys(x, cache, causal, positions, hooks)
+        if keys.key_slots is not None and any(a is not None for a in structure.values()):
+            raise ValueError(
+                "window=, documents= and prefix= need keys in position order; this "
+                "StaticKVCache keeps them in slots (give the cache its window= instead)"
+            )
         B, H, Tq, _ = q.shape
         if mask is not None:  # the user's mask, checked (as every mask is) before it is combined
             mask = check_mask(mask, (B, H, Tq, keys.k.shape[2]), q.device)
@@ -220,6 +249,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             causal=keys.causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
+            window=_narrowest(window, keys.window),
+            documents=documents,
+            prefix=prefix,
             qkv_checked=True,  # shaped here from checked inputs
         )
         out, weights = dispatch(call) if hooks is None else attend(call, hooks)
@@ -382,8 +414,11 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
     # -- packed sequences ---------------------------------------------------------------------
 
     @staticmethod
-    def _refuse_with_lengths(key, value, mask, key_mask, cache, positions, return_weights) -> None:
+    def _refuse_with_lengths(
+        key, value, mask, key_mask, cache, positions, return_weights, structure
+    ) -> None:
         unsupported = {
+            **structure,
             "key": key,
             "value": value,
             "mask": mask,

@@ -195,16 +195,22 @@ class TransformerBlock(nn.Module):
         positions: Tensor | None = None,
         return_weights: bool = False,
         lengths: VarLen | Sequence[int] | None = None,
+        window: int | tuple[int, int] | None = None,
+        documents: Tensor | None = None,
+        prefix: int | Tensor | None = None,
     ):
         """x (B, T, C) -> (B, T, C) [, self-attention weights (B, H, T, Tk)].
 
-        With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`."""
+        With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`.
+        `window`, `documents`, `prefix`: the self-attention's structure (see
+        `functional.attention`)."""
         if lengths is not None and self.cross_attn is not None:
             raise ValueError("lengths (packed sequences) do not support cross-attention blocks")
         hooks = hooks_for(self)
         if hooks is not None:
             x = hooks("hook_resid_pre", x)
         weights = None
+        structure = _given(window=window, documents=documents, prefix=prefix)
         if hooks is not None and wants_split_inputs(hooks):
             if lengths is not None:
                 raise ValueError(
@@ -214,7 +220,7 @@ class TransformerBlock(nn.Module):
             with split_inputs(self, x, hooks):  # q, k, v from per-head inputs, handed to attn
                 a = self.attn(
                     x, mask=mask, key_mask=key_mask, cache=cache, positions=positions,
-                    return_weights=return_weights,
+                    return_weights=return_weights, **structure,
                 )  # fmt: skip
         else:
             a = self.attn(
@@ -225,6 +231,7 @@ class TransformerBlock(nn.Module):
                 positions=positions,
                 return_weights=return_weights,
                 lengths=lengths,
+                **structure,
             )
         if return_weights:
             a, weights = a
@@ -322,3 +329,9 @@ def _residual(branch: Tensor, x: Tensor) -> Tensor:
     if branch.requires_grad or x.requires_grad:
         return branch + x
     return branch.add_(x)
+
+
+def _given(**structure: object) -> dict[str, object]:
+    """The structure arguments that are set (so attention modules that predate them, or hook
+    wrappers with the old signature, keep working when none is)."""
+    return {name: arg for name, arg in structure.items() if arg is not None}

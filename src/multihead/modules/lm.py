@@ -216,12 +216,18 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         caches: Sequence[KVCache | StaticKVCache] | None = None,
         positions: Tensor | None = None,
         last_only: bool = False,
+        window: int | None = None,
+        documents: Tensor | None = None,
+        prefix: int | Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, V), or (B, 1, V) with `last_only` (all generation needs after a prefill;
         the head is the largest matrix). `attention_mask` (B, T): 1/True = token, 0 = padding (of
         this call's tokens when caches are given). `positions` default: after the cached tokens,
         counted over real tokens when there is padding (left padding does not shift them).
-        `input_ids` may be text (a str or a list, see `to_tokens`; padding gets its mask)."""
+        `input_ids` may be text (a str or a list, see `to_tokens`; padding gets its mask).
+        `window`: a sliding window for every layer in this call (default: the config's, per
+        layer); `documents` (B, T or cached + T) integer ids: packed documents attend only
+        within themselves; `prefix`: prefix-LM (see `functional.attention`)."""
         if is_text(input_ids):
             input_ids, attention_mask = self._ids_and_mask(
                 input_ids, attention_mask, None, None, "forward"
@@ -232,6 +238,9 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
             caches=caches,
             positions=positions,
             last_only=last_only,
+            window=window,
+            documents=documents,
+            prefix=prefix,
         )
         hooks = hooks_for(self)
         return self.logits(h) if hooks is None else hooks("hook_logits", self.logits(h))
@@ -244,6 +253,9 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         caches: Sequence[KVCache | StaticKVCache] | None = None,
         positions: Tensor | None = None,
         last_only: bool = False,
+        window: int | None = None,
+        documents: Tensor | None = None,
+        prefix: int | Tensor | None = None,
     ) -> Tensor:
         """The final normalised states (B, T, C) that the head reads (see `forward`).
 
@@ -292,16 +304,20 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
                 pos = hooks("hook_pos_embed", pos.expand(B, T, pos.shape[-1]))
             x = x + pos
         x = self.drop(x)
-        window_mask = None
-        if caches is None and self.config.sliding_window is not None:  # caches apply their own
-            window_mask = masks.sliding_window(T, T, self.config.sliding_window, device=x.device)
         for i, layer in enumerate(self.layers):
+            # The layer's window reaches attention as structure (no (T, T) mask); a cache
+            # applies its own window.
+            layer_window = window
+            if layer_window is None and caches is None:
+                layer_window = self.config.window(i)
             x = layer(
                 x,
-                mask=None if self.config.window(i) is None else window_mask,
                 key_mask=key_mask,
                 cache=None if caches is None else caches[i],
                 positions=positions if self.config.position == "rope" else None,
+                window=layer_window,
+                documents=documents,
+                prefix=prefix,
             )
         if last_only:
             x = x[:, -1:]

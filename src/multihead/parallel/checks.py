@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..functional.structure import check_integer_ids, check_window
 from .dropout import check_seed
 from .layout import LAYOUTS, Segment, check_layout, segments_from_lengths
 from .ring import Ring
@@ -40,6 +41,8 @@ class RingSetup:
     dropout_seed: int
     bias_fn: BiasFn | None
     block_size: int
+    window: tuple[int, int] | None = None  # (left, right) keys each side, global positions
+    documents: bool = False  # document ids travel round the ring with the keys
 
 
 def _shape(t: Tensor) -> str:
@@ -200,6 +203,9 @@ _AGREED: tuple[tuple[str, Callable[[int], object]], ...] = (
     ("scale", _bits_float),
     ("dropout_p", _bits_float),
     ("dropout_seed", int),
+    ("documents given", bool),
+    ("window left (-1: none)", int),
+    ("window right (-1: none)", int),
     ("needs gradients (grad mode and q, k or v requiring grad)", bool),
 )
 
@@ -227,6 +233,8 @@ def prepare(
     layout: object,
     bias_fn: object,
     block_size: object,
+    window: object = None,
+    documents: object = None,
 ) -> RingSetup:
     """Check this rank's inputs, agree with the other ranks, and plan the ring."""
     ring = check_group(group)
@@ -241,6 +249,14 @@ def prepare(
                 f"q is on {q.device} but the group's backend is nccl (CUDA tensors only)"
             )
         _check_key_mask(key_mask, q)
+        win = None if window is None else check_window(window)
+        if documents is not None:
+            if not isinstance(documents, Tensor):
+                raise TypeError(
+                    "documents must be a (B, T/P) integer tensor or None, got "
+                    f"{type(documents).__name__}"
+                )
+            check_integer_ids("documents", documents, (q.shape[0], q.shape[2]), q.device)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         scale_f = _check_scale(scale, q.shape[3])
@@ -253,7 +269,8 @@ def prepare(
         values = [
             B, H, k.shape[1], D, v.shape[3], _DTYPES.index(q.dtype), int(causal),
             LAYOUTS.index(layout), int(key_mask is not None), int(bias_fn is not None),
-            _float_bits(scale_f), _float_bits(p), seed, int(needs_grad),
+            _float_bits(scale_f), _float_bits(p), seed, int(documents is not None),
+            -1 if win is None else win[0], -1 if win is None else win[1], int(needs_grad),
         ]  # fmt: skip
     except Exception as exc:  # raised below, after the peers know this rank failed
         error = exc
@@ -280,4 +297,8 @@ def prepare(
             )
     segments = segments_from_lengths([r[1] for r in table], str(layout))
     checked_bias_fn = cast("BiasFn | None", bias_fn)
-    return RingSetup(ring, segments, bool(causal), scale_f, p, seed, checked_bias_fn, tile)
+    left, right = table[0][2 + len(_AGREED) - 3], table[0][2 + len(_AGREED) - 2]
+    return RingSetup(
+        ring, segments, bool(causal), scale_f, p, seed, checked_bias_fn, tile,
+        None if left < 0 else (left, right), documents is not None,
+    )  # fmt: skip

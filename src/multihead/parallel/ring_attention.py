@@ -16,11 +16,11 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..functional.tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 from .checks import BiasFn, RingSetup, check_bias, prepare
 from .dropout import dropout_keep_mask
 from .ring import GRADS_TAG, KEYS_TAG, Transfer
 from .schedule import TilePair, tile_pairs
-from .tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 
 
 def ring_attention(
@@ -37,6 +37,8 @@ def ring_attention(
     layout: str = "contiguous",
     bias_fn: BiasFn | None = None,
     block_size: int = 512,
+    window: int | tuple[int, int] | None = None,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """This rank's chunk of `multihead.functional.attention()` over the whole sharded sequence.
 
@@ -61,6 +63,13 @@ def ring_attention(
             `(B, H, tq, tk)`, from GLOBAL positions (ALiBi, relative biases); added to the
             scores, -inf blocks. Called per tile in both passes; its output must not require grad.
         block_size: queries and keys per computed tile (bounds the scratch memory).
+        window: a sliding window over GLOBAL positions, as `attention(window=)`: an int W
+            (keys within W positions; i - W + 1 .. i with causal) or (left, right). Tiles
+            wholly outside it are skipped.
+        documents: `(B, T_r)` integer document ids of this rank's positions (as
+            `attention(documents=)`): they travel round the ring with the keys, and a query
+            attends only within its document. (prefix= has no ring form yet: a prefix-LM
+            mask needs no travelling data, pass it as `bias_fn` returning -inf.)
 
     Every rank must take part in the backward pass as well when gradients are needed. A query
     row that may attend to nothing returns zeros (output and gradients).
@@ -71,13 +80,23 @@ def ring_attention(
     setup = prepare(
         q, k, v, key_mask, group=group, causal=causal, scale=scale, dropout_p=dropout_p,
         dropout_seed=dropout_seed, layout=layout, bias_fn=bias_fn, block_size=block_size,
+        window=window, documents=documents,
     )  # fmt: skip
-    return _RingAttention.apply(q, k, v, key_mask, setup)
+    return _RingAttention.apply(q, k, v, key_mask, documents, setup)
 
 
-def _block(k: Tensor, v: Tensor, key_mask: Tensor | None) -> list[Tensor]:
-    """What travels round the ring: keys, values and their padding mask."""
-    return [k, v] if key_mask is None else [k, v, key_mask]
+def _block(k: Tensor, v: Tensor, key_mask: Tensor | None, documents: Tensor | None) -> list[Tensor]:
+    """What travels round the ring: keys, values, their padding mask and document ids."""
+    return [k, v] + [t for t in (key_mask, documents) if t is not None]
+
+
+def _outside_window(setup: RingSetup, pair: TilePair) -> bool:
+    """Whether the window excludes every (query, key) pair of a tile (global positions)."""
+    if setup.window is None:
+        return False
+    left, right = setup.window
+    qt, kt = pair.queries, pair.keys
+    return kt.start + kt.length - 1 < qt.start - left or kt.start > qt.start + qt.length - 1 + right
 
 
 def _empty_block(like: list[Tensor], length: int) -> list[Tensor]:
@@ -90,8 +109,11 @@ def _empty_block(like: list[Tensor], length: int) -> list[Tensor]:
     return out
 
 
-def _tile_inputs(setup: RingSetup, q: Tensor, block: list[Tensor], pair: TilePair):
-    """q, k, v slices of one tile and what masks it: allowed, bias and the dropout keep mask."""
+def _tile_inputs(
+    setup: RingSetup, q: Tensor, block: list[Tensor], pair: TilePair, docs: Tensor | None
+):
+    """q, k, v slices of one tile and what masks it: allowed, bias and the dropout keep mask.
+    `docs`: this rank's own document ids (B, T_r), for the tile's queries."""
     qt, kt = pair.queries, pair.keys
     B, H, device = q.shape[0], q.shape[1], q.device
     q_t = q[:, :, qt.offset : qt.offset + qt.length]
@@ -100,11 +122,22 @@ def _tile_inputs(setup: RingSetup, q: Tensor, block: list[Tensor], pair: TilePai
     q_index = torch.arange(qt.start, qt.start + qt.length, device=device)  # global positions
     k_index = torch.arange(kt.start, kt.start + kt.length, device=device)
     allowed = None
-    if len(block) == 3:  # (B, tk) -> (B, 1, 1, tk)
-        allowed = block[2][:, None, None, kt.offset : kt.offset + kt.length]
+    keys = slice(kt.offset, kt.offset + kt.length)
+    if len(block) == 4 or (len(block) == 3 and not setup.documents):  # (B, tk) -> (B, 1, 1, tk)
+        allowed = block[2][:, None, None, keys]
     if pair.diagonal:
         below = k_index[None, :] <= q_index[:, None]  # (tq, tk)
         allowed = below if allowed is None else allowed & below
+    if setup.window is not None:
+        left, right = setup.window
+        dist_ = k_index[None, :] - q_index[:, None]  # (tq, tk): key minus query position
+        near = (dist_ >= -left) & (dist_ <= right)
+        allowed = near if allowed is None else allowed & near
+    if setup.documents:
+        assert docs is not None
+        q_docs = docs[:, qt.offset : qt.offset + qt.length]  # (B, tq)
+        same = (q_docs[:, :, None] == block[-1][:, None, keys])[:, None]  # (B, 1, tq, tk)
+        allowed = same if allowed is None else allowed & same
     bias = None
     if setup.bias_fn is not None:
         target = (B, H, qt.length, kt.length)
@@ -119,7 +152,12 @@ def _tile_inputs(setup: RingSetup, q: Tensor, block: list[Tensor], pair: TilePai
 
 
 def _forward_ring(
-    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, setup: RingSetup
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_mask: Tensor | None,
+    docs: Tensor | None,
+    setup: RingSetup,
 ) -> tuple[Tensor, Tensor]:
     ring, segments = setup.ring, setup.segments
     mine = segments[ring.rank]
@@ -127,7 +165,7 @@ def _forward_ring(
     acc = accumulation_dtype(q.dtype)
     out = torch.zeros(B, H, T, v.shape[3], dtype=acc, device=q.device)
     lse = torch.full((B, H, T), NEG_INF, dtype=acc, device=q.device)
-    block = _block(k, v, key_mask)
+    block = _block(k, v, key_mask, docs)
     for step in range(ring.size):
         transfer = None
         if step + 1 < ring.size:  # start the next block's transfer, then compute on this one
@@ -136,7 +174,7 @@ def _forward_ring(
             transfer = ring.shift(block, buffers, KEYS_TAG)
         pairs = tile_pairs(mine, segments[ring.source(step)], causal=setup.causal,
                            block_size=setup.block_size)  # fmt: skip
-        _attend_block(setup, q, block, pairs, out, lse)
+        _attend_block(setup, q, block, pairs, out, lse, docs)
         if transfer is not None:
             block = transfer.wait()
     return out.to(q.dtype), lse
@@ -149,11 +187,14 @@ def _attend_block(
     pairs: list[TilePair],
     out: Tensor,
     lse: Tensor,
+    docs: Tensor | None,
 ) -> None:
     """Fold attention to one held block into (out, lse), in place. (A function of its own so
     that no tile view of the block outlives it: the block is freed as soon as the next arrives.)"""
     for pair in pairs:
-        q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair)
+        if _outside_window(setup, pair):
+            continue
+        q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair, docs)
         o, l = tile_forward(q_t, k_t, v_t, **masks)
         rows = slice(pair.queries.offset, pair.queries.offset + pair.queries.length)
         merge_into(out[:, :, rows], lse[:, :, rows], o, l)
@@ -170,10 +211,13 @@ def _block_grads(
     dq: Tensor,
     dk: Tensor,
     dv: Tensor,
+    docs: Tensor | None,
 ) -> None:
     """Add one held block's share of the gradients to dq, and its keys' to (dk, dv), in place."""
     for pair in pairs:
-        q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair)
+        if _outside_window(setup, pair):
+            continue
+        q_t, k_t, v_t, masks = _tile_inputs(setup, q, block, pair, docs)
         rows = slice(pair.queries.offset, pair.queries.offset + pair.queries.length)
         cols = slice(pair.keys.offset, pair.keys.offset + pair.keys.length)
         dq_t, dk_t, dv_t = tile_backward(
@@ -197,6 +241,7 @@ def _backward_ring(
     k: Tensor,
     v: Tensor,
     key_mask: Tensor | None,
+    docs: Tensor | None,
     out: Tensor,
     lse: Tensor,
     setup: RingSetup,
@@ -208,7 +253,7 @@ def _backward_ring(
     D, Dv = k.shape[3], v.shape[3]
     delta = (grad_out.to(acc) * out.to(acc)).sum(dim=-1)  # (B, H, T_r): rowsum(dO * O)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    block = _block(k, v, key_mask)
+    block = _block(k, v, key_mask, docs)
     grads_in = None  # the accumulators of the block this rank holds, arriving from rank - 1
 
     def zeros(length: int, width: int) -> Tensor:
@@ -229,7 +274,7 @@ def _backward_ring(
         # accumulators from the ranks before it are still on their way.
         dk, dv = zeros(held, D), zeros(held, Dv)
         pairs = tile_pairs(mine, theirs, causal=setup.causal, block_size=setup.block_size)
-        _block_grads(setup, q, block, pairs, grad_out, lse, delta, dq, dk, dv)
+        _block_grads(setup, q, block, pairs, grad_out, lse, delta, dq, dk, dv, docs)
         if grads_in is not None:
             _add_arrived(dk, dv, grads_in)
         if ring.size > 1:
@@ -245,15 +290,15 @@ def _backward_ring(
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, setup):
-        out, lse = _forward_ring(q, k, v, key_mask, setup)
-        ctx.save_for_backward(q, k, v, key_mask, out, lse)
+    def forward(ctx, q, k, v, key_mask, docs, setup):
+        out, lse = _forward_ring(q, k, v, key_mask, docs, setup)
+        ctx.save_for_backward(q, k, v, key_mask, docs, out, lse)
         ctx.setup = setup
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, key_mask, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_ring(grad_out, q, k, v, key_mask, out, lse, ctx.setup)
-        return dq, dk, dv, None, None
+        q, k, v, key_mask, docs, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_ring(grad_out, q, k, v, key_mask, docs, out, lse, ctx.setup)
+        return dq, dk, dv, None, None, None

@@ -71,8 +71,12 @@ class RingRunner:
         cache: Any = None,
         positions: Tensor | None = None,
         lengths: Any = None,
+        window: int | tuple[int, int] | None = None,
+        documents: Tensor | None = None,
+        prefix: Any = None,
     ) -> Tensor:
-        """`MultiHeadAttention.forward` on this rank's chunk of a sharded sequence."""
+        """`MultiHeadAttention.forward` on this rank's chunk of a sharded sequence. `window`
+        (global positions) and `documents` (this rank's ids, (B, T_r)) go to the ring."""
         causal = module.causal if causal is None else check_flag("causal", causal)
         self_attention = key is None or (key is query and (value is None or value is query))
         refused = {
@@ -81,6 +85,7 @@ class RingRunner:
             "cache": cache,
             "lengths": lengths,
             "return_weights": return_weights or None,
+            "prefix": prefix,
         }
         given = [name for name, arg in refused.items() if arg is not None]
         if given:
@@ -131,7 +136,7 @@ class RingRunner:
         out = ring_attention(
             q, k, v, group=self.ring.group, causal=causal, key_mask=x.key_mask,
             dropout_p=dropout_p, dropout_seed=seed, layout=self.layout, bias_fn=bias_fn,
-            block_size=self.block_size,
+            block_size=self.block_size, window=window, documents=documents,
         )  # fmt: skip
         y = module._output(out, hooks)
         return y[0] if x.unbatched else y

@@ -1,4 +1,5 @@
-"""Attention backends: `sdpa` (fused, preferred) and `eager` (reference, returns weights)."""
+"""Attention backends: `sdpa` (fused, preferred), `eager` (reference, returns weights) and
+`tiled` (structured calls: windows, documents, prefixes at the cost of their pairs)."""
 
 from .eager import eager_attention
 from .registry import (
@@ -10,9 +11,18 @@ from .registry import (
     unregister_backend,
 )
 from .sdpa import sdpa_attention, sdpa_why_not
+from .tiled import tiled_attention, tiled_prefer, tiled_why_not
 
 register_backend("eager", eager_attention, priority=0)
 register_backend("sdpa", sdpa_attention, why_not=sdpa_why_not, priority=10)
+register_backend(
+    "tiled",
+    tiled_attention,
+    why_not=tiled_why_not,
+    priority=20,
+    structured=True,
+    prefer=tiled_prefer,
+)
 
 __all__ = [
     "Backend",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..call import AttentionCall
+from ..call import AttentionCall, dense_call
 
 
 def causal_block(q_start: int, q_stop: int, tq: int, tk: int, device) -> Tensor:
@@ -20,6 +20,7 @@ def causal_block(q_start: int, q_stop: int, tq: int, tk: int, device) -> Tensor:
 
 def allowed_mask(call: AttentionCall) -> Tensor | None:
     """Boolean mask broadcastable to (B, H, Tq, Tk), True = may attend; None when all may."""
+    call = dense_call(call)  # a window, documents or a prefix, as a dense mask (if any)
     tq, tk = call.q.shape[2], call.k.shape[2]
     if not call.causal or (tq == 1 and tk >= 1):
         return call.mask  # one query aligned bottom-right sees every key: nothing to mask

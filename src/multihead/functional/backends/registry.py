@@ -1,7 +1,10 @@
 """A registry of attention backends: functions with one signature, chosen by name.
 
 Each backend is `run(call) -> (output, weights or None)` plus `why_not(call) -> list of reasons`
-(empty when it can run the call). `backend="auto"` takes the highest-priority backend that can.
+(empty when it can run the call). `backend="auto"` takes the highest-priority backend that can
+and, where the backend has a `prefer(call)` test (a cost model), that prefers the call.
+A backend declares `structured=True` when it reads a call's structure (window, documents,
+prefix) itself; the others receive the call with it folded into a dense mask.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from ..call import AttentionCall
 
 RunFn = Callable[[AttentionCall], "tuple[Tensor, Tensor | None]"]
 WhyNotFn = Callable[[AttentionCall], "list[str]"]
+PreferFn = Callable[[AttentionCall], bool]
 
 
 def _always(call: AttentionCall) -> list[str]:
@@ -27,6 +31,8 @@ class Backend:
     run: RunFn
     why_not: WhyNotFn = field(default=_always)
     priority: int = 0
+    structured: bool = False  # reads call.structure itself (else it gets the dense mask)
+    prefer: PreferFn | None = None  # auto picks it only where this says it pays
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -40,14 +46,17 @@ def register_backend(
     why_not: WhyNotFn | None = None,
     priority: int = 0,
     replace: bool = False,
+    structured: bool = False,
+    prefer: PreferFn | None = None,
 ) -> Backend:
     """Add a backend. `why_not(call)` lists the reasons it cannot run a call (empty = it can);
-    `backend="auto"` tries backends from the highest `priority` down."""
+    `backend="auto"` tries backends from the highest `priority` down, skipping one whose
+    `prefer(call)` is False. `structured=True`: it reads `call.structure` itself."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"backend name must be a non-empty string other than 'auto', got {name!r}")
     if name in _BACKENDS and not replace:
         raise ValueError(f"backend {name!r} is already registered (pass replace=True to override)")
-    backend = Backend(name, run, why_not or _always, priority)
+    backend = Backend(name, run, why_not or _always, priority, structured, prefer)
     _BACKENDS[name] = backend
     _ORDER[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
     return backend
@@ -76,7 +85,7 @@ def select_backend(call: AttentionCall, name: str) -> Backend:
     """The backend that runs `call`: the named one (if it can), or the first able one for 'auto'."""
     if name == "auto":
         for backend in _ORDER:
-            if not backend.why_not(call):
+            if (backend.prefer is None or backend.prefer(call)) and not backend.why_not(call):
                 return backend
         every = {b.name: b.why_not(call) for b in _ORDER}
         raise ValueError(f"no attention backend can run this call: {every}")

@@ -1,5 +1,6 @@
 """Attention on one tile (a run of queries x a run of keys) with its log-sum-exp, its exact
-backward from a saved global log-sum-exp, and the merge of partial results.
+backward from a saved global log-sum-exp, and the merge of partial results. Shared by ring
+attention (parallel/ring_attention.py) and the tiled backend (functional/backends/tiled.py).
 
 Pure torch, accumulated in fp32 (fp64 inputs in fp64). Blocked entries score -inf; a row with no
 allowed key in a tile gets lse = -inf and output 0, so it contributes nothing when merged.
@@ -103,6 +104,7 @@ def tile_backward(
     bias: Tensor | None,
     keep: Tensor | None,
     dropout_p: float,
+    bias_grad: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of one tile's share of the output, given the GLOBAL lse (B, H, tq) of each query
     row and delta = rowsum(grad_out * out) (B, H, tq), both in the accumulation dtype.
@@ -110,6 +112,8 @@ def tile_backward(
     With P = exp(s - lse) the global probabilities and A = P * keep / (1 - p):
     dV = A^T dO, dP = (dO V^T) * keep / (1 - p), dS = P * (dP - delta), dQ = scale dS K,
     dK = scale dS^T Q. Returns (dq (B, H, tq, D), dk (B, Hkv, tk, D), dv (B, Hkv, tk, Dv)).
+    `bias_grad`: a list to which dS (B, H, tq, tk), the gradient of an additive bias on this
+    tile's scores, is appended (only attention with a differentiable bias asks for it).
     """
     acc = accumulation_dtype(q.dtype)
     s = _scores(q, k, scale, allowed, bias)
@@ -128,6 +132,8 @@ def tile_backward(
     if keep is not None:
         dp.mul_(keep).div_(1.0 - dropout_p)
     ds = dp.sub_(delta[..., None]).mul_(probs).view(B, Hkv, G, tq, tk)
+    if bias_grad is not None:
+        bias_grad.append(ds.view(B, H, tq, tk))
     dq = torch.einsum("bkgqt,bktd->bkgqd", ds, k.to(acc)).reshape(B, H, tq, -1) * scale
     dk = torch.einsum("bkgqt,bkgqd->bktd", ds, q5) * scale
     return dq, dk, dv

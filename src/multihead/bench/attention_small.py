@@ -1,0 +1,84 @@
+"""Small calls against the hand-written floor, for `multihead bench attention`: one
+MultiHeadAttention eval call at (B 1, T 16, width 256, 4 heads), and one decode step with a KV
+cache (width 576, 9 heads, 128 cached keys). The floor is F.linear + SDPA + F.linear written
+inline; for decoding, the new key and value are written into a preallocated buffer.
+
+Here per-call overhead is the cost, so samples loop many calls (min_time) and the rounds are
+many; the ratio mh / floor is what to read.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..cache import KVCache
+from ..modules import MultiHeadAttention
+from ..table import format_table
+from .timing import measure
+
+CACHED = 128
+
+
+def eval_contenders(B=1, T=16, E=256, H=4) -> dict:
+    torch.manual_seed(0)
+    m = MultiHeadAttention(E, H).eval()
+    x = torch.randn(B, T, E)
+    w, b, wo, bo = m.in_proj.weight, m.in_proj.bias, m.out_proj.weight, m.out_proj.bias
+
+    def floor():
+        # (B, T, 3E) -> (3, B, H, T, D)
+        q, k, v = F.linear(x, w, b).view(B, T, 3, H, E // H).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v)
+        return F.linear(o.transpose(1, 2).reshape(B, T, E), wo, bo)
+
+    def mh():
+        return m(x)
+
+    return {"mh": mh, "floor": floor}
+
+
+def decode_contenders(E=576, H=9) -> dict:
+    """One decode step after CACHED tokens; both sides rewind to CACHED before each step, so
+    every call does the same work."""
+    torch.manual_seed(0)
+    D = E // H
+    m = MultiHeadAttention(E, H, causal=True).eval()
+    cache = KVCache(1, H, D, max_length=CACHED + 1)
+    with torch.no_grad():
+        m(torch.randn(1, CACHED, E), cache=cache)
+    x = torch.randn(1, 1, E)
+    w, b, wo, bo = m.in_proj.weight, m.in_proj.bias, m.out_proj.weight, m.out_proj.bias
+    kbuf = torch.randn(1, H, CACHED + 1, D)
+    vbuf = torch.randn(1, H, CACHED + 1, D)
+
+    def floor():
+        # (1, 1, 3E) -> (3, 1, H, 1, D)
+        q, k, v = F.linear(x, w, b).view(1, 1, 3, H, D).permute(2, 0, 3, 1, 4)
+        kbuf[:, :, CACHED : CACHED + 1] = k
+        vbuf[:, :, CACHED : CACHED + 1] = v
+        o = F.scaled_dot_product_attention(q, kbuf, vbuf)
+        return F.linear(o.transpose(1, 2).reshape(1, 1, E), wo, bo)
+
+    def mh():
+        cache.length = cache._stored = CACHED  # rewind: the same step every call
+        return m(x, cache=cache)
+
+    return {"mh": mh, "floor": floor}
+
+
+def report(repeats: int = 15) -> str:
+    rows = []
+    with torch.no_grad():
+        for name, fns in (
+            ("eval B1 T16 E256 H4", eval_contenders()),
+            (f"decode step E576 H9, {CACHED} cached", decode_contenders()),
+        ):
+            s = measure(fns, repeats=repeats, min_time=0.05)
+            rows.append([name, f"{s['mh'] * 1e6:.0f}", f"{s['floor'] * 1e6:.0f}",
+                         f"{s['mh'] / s['floor']:.2f}x"])  # fmt: skip
+    table = format_table(["small call", "mh us", "floor us", "mh/floor"], rows)
+    return (
+        "small calls (target mh/floor <= 1.15x; floor = F.linear + SDPA + F.linear inline):\n"
+        + table
+    )

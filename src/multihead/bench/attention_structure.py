@@ -1,0 +1,188 @@
+"""`multihead bench attention --mask window|documents|prefix`: structured attention against its
+ideal, the cost of the pairs it allows.
+
+The ideal of a structured call is (allowed pairs / causal pairs) x the time of plain causal
+attention by the same function, measured side by side; for the module it is projection-aware
+(the projections' time, plus that fraction of the causal attention's). Peers in the same run:
+SDPA under the dense (T, T) mask, and compiled `flex_attention` with a BlockMask (forward
+only: torch has no flex backward on CPU). Forward + backward unless marked.
+
+Shapes: the function at q/k/v (1, 8, T, 64); the module at width 512, 8 heads, (1, T, 512).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..functional import attention, masks
+from ..modules import MultiHeadAttention
+from ..table import format_table
+from .timing import environment, measure
+
+MASKS = ("window", "documents", "prefix")
+WINDOW, DOCUMENTS = 256, 8
+FUNCTION_T, MODULE_T = (4096, 8192), (1024, 4096)
+QUICK_FUNCTION_T, QUICK_MODULE_T = (1024,), (1024,)
+
+
+def structure_args(kind: str, T: int, B: int = 1) -> dict:
+    """The `attention()` arguments of one benchmark case (all causal)."""
+    if kind == "window":
+        return {"window": WINDOW}
+    if kind == "documents":
+        ids = torch.arange(DOCUMENTS).repeat_interleave(T // DOCUMENTS)  # (T,)
+        return {"documents": ids[None].expand(B, T)}
+    if kind == "prefix":
+        return {"prefix": T // 4}
+    raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {kind!r}")
+
+
+def allowed_pairs(kind: str, T: int) -> int:
+    """Query-key pairs a causal call of this kind allows (counted per row)."""
+    if kind == "window":
+        return sum(min(i + 1, WINDOW) for i in range(T))
+    if kind == "documents":
+        n = T // DOCUMENTS
+        return DOCUMENTS * n * (n + 1) // 2
+    P = T // 4
+    return P * P + sum(i + 1 for i in range(P, T))
+
+
+def dense_mask(kind: str, T: int) -> torch.Tensor:
+    """The (1 or B, 1, T, T) boolean mask the structure replaces (causal included)."""
+    if kind == "window":
+        return masks.sliding_window(T, T, WINDOW)
+    if kind == "documents":
+        ids = structure_args(kind, T)["documents"]
+        return (ids[:, :, None] == ids[:, None, :])[:, None] & masks.causal(T)
+    P = T // 4
+    mask = masks.causal(T)
+    mask[:P, :P] = True
+    return mask
+
+
+def _train(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    return lambda: fn().sum().backward()
+
+
+def _flex(kind: str, q, k, v) -> Callable[[], object] | str:
+    """Compiled flex_attention with a BlockMask (forward), or why it cannot run here."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:  # pragma: no cover - old torch
+        return f"n/a ({e})"
+    T = q.shape[2]
+    ids = structure_args("documents", T)["documents"][0]
+    P = T // 4
+
+    def mask_mod(b, h, i, j):
+        if kind == "window":
+            return (j <= i) & (i - j < WINDOW)
+        if kind == "documents":
+            return (j <= i) & (ids[i] == ids[j])
+        return (j <= i) | ((i < P) & (j < P))
+
+    try:
+        block = create_block_mask(mask_mod, None, None, T, T, device=str(q.device))
+        compiled = torch.compile(flex_attention, dynamic=False)
+        qd, kd, vd = q.detach(), k.detach(), v.detach()
+
+        def run():
+            with torch.no_grad():
+                return compiled(qd, kd, vd, block_mask=block)
+
+        run()  # compile now, not inside the timed rounds
+        return run
+    except Exception as e:  # torch.compile needs a C++ toolchain; report, do not fail
+        return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:60]})"
+
+
+def function_row(kind: str, T: int, repeats: int) -> list[str]:
+    """attention() at q/k/v (1, 8, T, 64): causal, structured, dense-mask SDPA, flex."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 8, T, 64, requires_grad=True) for _ in range(3))
+    args = structure_args(kind, T)
+    dense = dense_mask(kind, T)
+    fns = {
+        "causal": _train(lambda: attention(q, k, v, causal=True)),
+        "structured": _train(lambda: attention(q, k, v, causal=True, **args)),
+        "dense sdpa": _train(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)),
+        "structured fwd": lambda: _no_grad(lambda: attention(q, k, v, causal=True, **args)),
+    }
+    flex = _flex(kind, q, k, v)
+    if callable(flex):
+        fns["flex fwd"] = flex
+    s = measure(fns, repeats=repeats, warmup=1, min_time=0.0)
+    ideal = allowed_pairs(kind, T) / (T * (T + 1) / 2) * s["causal"]
+    flex_cell = f"{s['flex fwd'] * 1e3:.0f}" if "flex fwd" in s else str(flex)
+    return [
+        kind, f"attention() T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
+        f"{s['structured'] * 1e3:.0f}", f"{s['structured'] / ideal:.2f}x",
+        f"{s['dense sdpa'] * 1e3:.0f}", f"{s['structured fwd'] * 1e3:.0f}", flex_cell,
+    ]  # fmt: skip
+
+
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
+
+
+def module_row(kind: str, T: int, repeats: int) -> list[str]:
+    """MultiHeadAttention(512, 8, causal=True) on (1, T, 512): causal, structured, dense mask,
+    and its projections alone (for the projection-aware ideal)."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(512, 8, causal=True)
+    x = torch.randn(1, T, 512, requires_grad=True)
+    args = structure_args(kind, T)
+    dense = dense_mask(kind, T)
+
+    def projections():  # the module's linear work alone: in_proj, out_proj
+        qkv = F.linear(x, m.in_proj.weight, m.in_proj.bias)
+        return F.linear(qkv[..., :512], m.out_proj.weight, m.out_proj.bias)
+
+    fns: dict[str, Callable[[], object]] = {
+        "causal": _train(lambda: m(x)),
+        "structured": _train(lambda: m(x, **args)),
+        "dense mask": _train(lambda: m(x, mask=dense)),  # the path structure replaces
+        "projections": _train(projections),
+    }
+    s = measure(fns, repeats=repeats, warmup=1, min_time=0.0)
+    share = allowed_pairs(kind, T) / (T * (T + 1) / 2)
+    ideal = s["projections"] + share * max(s["causal"] - s["projections"], 0.0)
+    return [
+        kind, f"module T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
+        f"{s['structured'] * 1e3:.0f}", f"{s['structured'] / ideal:.2f}x",
+        f"{s['dense mask'] * 1e3:.0f}", "", "",
+    ]  # fmt: skip
+
+
+def main(kinds: tuple[str, ...], *, quick: bool = False, repeats: int = 3) -> str:
+    """The table for the masks in `kinds` (CPU, fp32)."""
+    progress = lambda s: print(f"  measuring {s}", file=sys.stderr, flush=True)  # noqa: E731
+    body = []
+    for kind in kinds:
+        for T in QUICK_FUNCTION_T if quick else FUNCTION_T:
+            progress(f"attention() {kind} T={T}")
+            body.append(function_row(kind, T, repeats))
+        for T in QUICK_MODULE_T if quick else MODULE_T:
+            progress(f"module {kind} T={T}")
+            body.append(module_row(kind, T, repeats))
+    headers = ["mask", "call", "causal ms", "ideal ms", "structured ms", "/ideal",
+               "dense-mask ms", "structured fwd ms", "flex fwd ms"]  # fmt: skip
+    env = environment("cpu")
+    lines = [
+        "multihead bench attention --mask: medians of interleaved runs, fp32, forward + "
+        "backward unless 'fwd'; " + ", ".join(f"{k} {v}" for k, v in env.items()),
+        f"window = {WINDOW}; documents = {DOCUMENTS} equal causal documents; prefix = T/4.",
+        "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
+        "projections + that share of the causal attention); dense-mask = SDPA under the "
+        "(T, T) mask (function: torch's; module: mask=); flex = compiled flex_attention "
+        "with a BlockMask.",
+        "",
+        format_table(headers, body),
+    ]
+    return "\n".join(lines)

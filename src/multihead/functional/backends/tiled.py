@@ -1,0 +1,183 @@
+"""The tiled backend: attention that costs the pairs it allows. It reads a call's structure
+(window, documents, prefix; see `functional.structure`) and visits only the tiles that hold an
+allowed pair (`functional.tile_plan`): full tiles without a mask, partial tiles with a small
+one, merged by log-sum-exp with the tile code ring attention uses (`functional.tiles`). The
+backward pass recomputes each tile from the saved log-sum-exp. No (Tq, Tk) tensor is built.
+
+It is the default on CPU for structured calls above a small size (`tiled_prefer`); on other
+devices `auto` leaves them to the fused kernels (with the dense mask). A query row with no
+allowed key returns zeros (output and gradients); NaN in q, k, v or bias reaches the rows that
+attend to it.
+
+Shapes: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> out (B, H, Tq, Dv);
+lse (B, H, Tq); mask / bias 4-D, broadcastable to (B, H, Tq, Tk).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..call import AttentionCall
+from ..structure import Structure, structure_mask
+from ..tile_plan import Tile, block_size, plan_tiles
+from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
+from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
+
+# Below this many (query, key) pairs per head a dense fused call is cheaper than tiling.
+MIN_PAIRS = 256 * 256
+
+
+def tiled_why_not(call: AttentionCall) -> list[str]:
+    reasons = []
+    if call.return_weights:
+        reasons.append("it cannot return attention weights (the eager backend can)")
+    if call.dropout_p > 0.0:
+        reasons.append("it has no attention dropout (sdpa and eager apply it to the dense mask)")
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace its autograd.Function (a plan of Python tiles): compiled code
+        # runs sdpa under the dense mask instead, which traces.
+        reasons.append("it does not trace under torch.compile (sdpa with the dense mask does)")
+    return reasons
+
+
+def tiled_prefer(call: AttentionCall) -> bool:
+    """auto runs a call here when it has structure, runs on CPU, and is big enough to pay."""
+    return (
+        call.structure is not None
+        and call.q.device.type == "cpu"
+        and call.q.shape[2] * call.k.shape[2] >= MIN_PAIRS
+    )
+
+
+def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+    q, k, v, mask, bias = call.q, call.k, call.v, call.mask, call.bias
+    structure = call.structure
+    B, H, tq, _ = q.shape
+    tk = k.shape[2]
+    rows = plan_tiles(structure, call.causal, B, H, tq, tk, block_size(structure))
+    docs = None if structure is None else structure.documents
+    prefix = None if structure is None else structure.prefix
+    prefix_t = prefix if isinstance(prefix, Tensor) else None
+    setup = (rows, structure, call.causal, call.scale)
+    with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
+        out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
+    return out, None
+
+
+def _slice(t: Tensor | None, tile: Tile) -> Tensor | None:
+    """The tile's rows and keys of a 4-D mask / bias (broadcast dims of size 1 stay 1)."""
+    if t is None:
+        return None
+    if t.shape[2] != 1:
+        t = t[:, :, tile.q0 : tile.q1]
+    return t if t.shape[3] == 1 else t[..., tile.k0 : tile.k1]
+
+
+def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, tq, tk, device, fused):
+    """(allowed, bias, kernel-causal) of one tile: a diagonal tile with nothing else to mask
+    runs the fused kernel's own causality, with no mask at all."""
+    if fused and tile.diagonal and mask is None and bias is None:
+        return None, None, True
+    allowed = _slice(mask, tile)
+    if not tile.full:
+        shape = structure if structure is not None else Structure()
+        own = structure_mask(shape, causal, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, device)
+        allowed = own if allowed is None else (allowed if own is None else allowed & own)
+    return allowed, _slice(bias, tile), False
+
+
+def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
+    rows, structure, causal, scale = setup
+    B, H, tq, _ = q.shape
+    tk = k.shape[2]
+    acc = accumulation_dtype(q.dtype)
+    out = torch.zeros(B, H, tq, v.shape[3], dtype=acc, device=q.device)
+    lse = torch.full((B, H, tq), NEG_INF, dtype=acc, device=q.device)
+    fused = kernel_runs(q)
+    for tiles in rows:
+        for n, tile in enumerate(tiles):
+            allowed, bias_t, diagonal = _tile_masks(
+                tile, mask, bias, structure, causal, tq, tk, q.device, fused
+            )
+            q_t, k_t = q[:, :, tile.q0 : tile.q1], k[:, :, tile.k0 : tile.k1]
+            v_t = v[:, :, tile.k0 : tile.k1]
+            if fused:
+                o, l = kernel_forward(q_t, k_t, v_t, allowed, bias_t, scale, diagonal)
+            else:
+                o, l = tile_forward(
+                    q_t, k_t, v_t, scale=scale, allowed=allowed, bias=bias_t, keep=None,
+                    dropout_p=0.0,
+                )  # fmt: skip
+            if n == 0:  # the row's first span: nothing to merge with yet
+                out[:, :, tile.q0 : tile.q1] = o
+                lse[:, :, tile.q0 : tile.q1] = l
+            else:
+                merge_into(out[:, :, tile.q0 : tile.q1], lse[:, :, tile.q0 : tile.q1], o, l)
+    return out, lse
+
+
+def _add_bias_grad(grad: Tensor, ds: Tensor, bias: Tensor, tile: Tile) -> None:
+    """Add a tile's score gradient ds (B, H, rows, keys) to the bias's own (broadcast) shape."""
+    dims = [d for d in range(4) if bias.shape[d] == 1 and ds.shape[d] != 1]
+    if dims:
+        ds = ds.sum(dim=dims, keepdim=True)
+    rows = slice(None) if bias.shape[2] == 1 else slice(tile.q0, tile.q1)
+    keys = slice(None) if bias.shape[3] == 1 else slice(tile.k0, tile.k1)
+    grad[:, :, rows, keys] += ds
+
+
+class _Tiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, bias, docs, prefix_t, setup):
+        out, lse = _forward(q, k, v, mask, bias, setup)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, mask, bias, docs, prefix_t, out, lse)
+        ctx.setup = setup
+        ctx.mark_non_differentiable(*[t for t in (mask, docs, prefix_t) if t is not None])
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
+        rows, structure, causal, scale = ctx.setup
+        acc = accumulation_dtype(q.dtype)
+        tq, tk = q.shape[2], k.shape[2]
+        delta = (grad_out.to(acc) * out.to(acc)).sum(dim=-1)  # (B, H, Tq): rowsum(dO * O)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+        want_bias = bias is not None and ctx.needs_input_grad[4]
+        dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
+        fused = kernel_runs(q) and not want_bias  # the kernel gives no score gradient
+        grad_out = grad_out.contiguous()
+        for tiles in rows:
+            for tile in tiles:
+                allowed, bias_t, diagonal = _tile_masks(
+                    tile, mask, bias, structure, causal, tq, tk, q.device, fused
+                )
+                r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
+                ds: list[Tensor] | None = [] if want_bias else None
+                if fused:
+                    dq_t, dk_t, dv_t = kernel_backward(
+                        q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], out[:, :, r],
+                        lse[:, :, r], allowed, bias_t, scale, diagonal,
+                    )  # fmt: skip
+                    dq[:, :, r] += dq_t
+                    dk[:, :, c] += dk_t
+                    dv[:, :, c] += dv_t
+                    continue
+                dq_t, dk_t, dv_t = tile_backward(
+                    q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], lse[:, :, r],
+                    delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t, keep=None,
+                    dropout_p=0.0, bias_grad=ds,
+                )  # fmt: skip
+                dq[:, :, r] += dq_t
+                dk[:, :, c] += dk_t
+                dv[:, :, c] += dv_t
+                if dbias is not None and ds:
+                    _add_bias_grad(dbias, ds[0], bias, tile)
+        grad_bias = None if dbias is None else dbias.to(bias.dtype)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, grad_bias, None, None, None

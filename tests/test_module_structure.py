@@ -1,0 +1,151 @@
+"""window=, documents=, prefix= through MultiHeadAttention, blocks, CausalLM and KV caches
+(each against the same module under the equivalent dense mask), and bad input naming the
+argument."""
+
+import pytest
+import torch
+
+from multihead import MultiHeadAttention, attention
+from multihead.cache import KVCache
+from multihead.functional import masks
+from multihead.modules.block import TransformerBlock
+from multihead.modules.lm import CausalLM, LMConfig
+from multihead.static_cache import StaticKVCache
+
+from conftest import assert_close
+
+B, T, C, H, HKV = 2, 11, 24, 3, 1
+
+
+def module(**kw):
+    return MultiHeadAttention(C, H, num_kv_heads=HKV, dtype=torch.float64, **kw).eval()
+
+
+def doc_mask(documents):  # (B, T) -> (B, 1, T, T), True within a document
+    return (documents[:, :, None] == documents[:, None, :])[:, None]
+
+
+def test_module_structure_equals_the_dense_mask():
+    m = module()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    documents = torch.tensor([[0] * 4 + [1] * 7, [5] * 9 + [6] * 2])
+    key_mask = torch.ones(B, T, dtype=torch.bool)
+    key_mask[1, 9:] = False
+    got = m(x, causal=True, window=3, documents=documents, key_mask=key_mask)
+    mask = masks.sliding_window(T, T, 3) & doc_mask(documents)
+    want = m(x, causal=True, mask=mask, key_mask=key_mask)
+    assert_close(got, want)
+    prefix = m(x, causal=True, prefix=torch.tensor([4, 0]))
+    pre = torch.zeros(B, 1, T, T, dtype=torch.bool)
+    pre[0, :, :4, :4] = True
+    assert_close(prefix, m(x, mask=masks.causal(T) | pre))
+
+
+def test_block_and_causal_lm_pass_structure_on():
+    block = TransformerBlock(C, H, 2 * C).double().eval()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    documents = torch.tensor([[0] * 6 + [1] * 5, [0] * 2 + [1] * 9])
+    got = block(x, documents=documents, window=(1, 2))  # keys p - 1 .. p + 2
+    assert_close(got, block(x, mask=doc_mask(documents) & _band(T, 1, 2)))
+
+    config = LMConfig(vocab_size=50, dim=C, num_layers=2, num_heads=H, position="rope",
+                      norm="rmsnorm", mlp="swiglu", sliding_window=4, full_attention_layers=(1,))  # fmt: skip
+    lm = CausalLM(config).double().eval()
+    ids = torch.randint(0, 50, (B, T))
+    # The config's window (layer 0 only), as structure, equals running each layer by hand.
+    h = lm.hidden_states(ids)
+    x = lm.tok(ids)
+    for i, layer in enumerate(lm.layers):
+        mask = masks.sliding_window(T, T, 4) if i == 0 else masks.causal(T)
+        x = layer(x, mask=mask, positions=torch.arange(T))
+    assert_close(h, lm.norm_f(x))
+    # documents= on the whole model: equal to each document run alone (positions restart).
+    documents = torch.tensor([[0] * 5 + [1] * 6] * B)
+    packed = lm(ids, documents=documents, positions=torch.tensor([*range(5), *range(6)]))
+    assert_close(packed[:, 5:], lm(ids[:, 5:]))
+    assert_close(packed[:, :5], lm(ids[:, :5]))
+
+
+def _band(t, left, right):
+    d = torch.arange(t)[None, :] - torch.arange(t)[:, None]  # key minus query
+    return (d >= -left) & (d <= right)
+
+
+def test_window_cache_decoding_equals_the_full_forward():
+    m = module(causal=True)
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    full = m(x, window=4)
+    cache = KVCache(B, HKV, C // H, window=4, dtype=torch.float64)
+    steps = [m(x[:, :5], cache=cache)] + [m(x[:, i : i + 1], cache=cache) for i in range(5, T)]
+    assert_close(torch.cat(steps, dim=1), full)
+    # A window given to the call narrows the cache's own.
+    cache = KVCache(B, HKV, C // H, window=6, dtype=torch.float64)
+    steps = [m(x[:, :5], cache=cache, window=4)]
+    steps += [m(x[:, i : i + 1], cache=cache, window=4) for i in range(5, T)]
+    assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_large_module_call_runs_tiled_and_matches_dense():
+    m = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(1, 600, 32, requires_grad=True)
+    got = m(x, causal=True, window=50)
+    want = m(x, causal=True, mask=masks.sliding_window(600, 600, 50))
+    assert_close(got, want)
+    (ga,) = torch.autograd.grad(got.sum(), x)
+    (gb,) = torch.autograd.grad(want.sum(), x)
+    assert_close(ga, gb)
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def qkv():
+    return torch.randn(B, H, 5, 8), torch.randn(B, HKV, 7, 8), torch.randn(B, HKV, 7, 8)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(window=0), ValueError, r"window must be a positive int.*got 0"),
+        (dict(window=-3), ValueError, r"window.*got -3"),
+        (dict(window=True), ValueError, r"window.*got True"),
+        (dict(window=(1, -1)), ValueError, r"window.*\(left, right\).*got \(1, -1\)"),
+        (dict(window=2.5), ValueError, r"window.*got 2.5"),
+        (dict(documents=[0] * 7), TypeError, r"documents must be a \(B, Tk\) integer tensor"),
+        (dict(documents=torch.zeros(B, 7)), TypeError, r"documents must be an integer.*float"),
+        (
+            dict(documents=torch.zeros(B, 5, dtype=torch.long)),
+            ValueError,
+            r"documents must have shape \(2, 7\), got \(2, 5\)",
+        ),
+        (dict(documents=torch.zeros(B, 7, dtype=torch.bool)), TypeError, r"documents.*bool"),
+        (dict(causal=True, prefix=8), ValueError, r"prefix must be in 0 .. T=7, got 8"),
+        (dict(causal=True, prefix=torch.tensor([2, 9])), ValueError, r"prefix.*2 .. 9"),
+        (dict(causal=True, prefix=torch.tensor([2])), ValueError, r"prefix must have shape"),
+        (dict(causal=True, prefix=2.0), TypeError, r"prefix must be an int"),
+        (dict(prefix=2), ValueError, r"prefix=.*needs causal=True"),
+    ],
+)
+def test_bad_structure_names_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        attention(*qkv(), **kwargs)
+
+
+def test_documents_on_another_device_and_too_few_keys():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"documents is on meta but the inputs are on cpu"):
+        attention(q, k, v, documents=torch.zeros(B, 7, dtype=torch.long, device="meta"))
+    with pytest.raises(ValueError, match=r"documents need at least as many keys.*Tq=7 > Tk=5"):
+        attention(k.expand(B, H, 7, 8), q[:, :1], q[:, :1], documents=torch.zeros(B, 5).long())
+
+
+def test_documents_with_lengths_and_structure_with_a_static_cache_are_refused():
+    m = module()
+    packed = torch.randn(9, C, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"documents cannot be combined with lengths"):
+        m(packed, lengths=[4, 5], documents=torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"window, prefix cannot be combined with lengths"):
+        m(packed, lengths=[4, 5], window=2, prefix=1)
+    cache = StaticKVCache(B, HKV, C // H, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"window=, documents= and prefix= need keys in position"):
+        m(torch.randn(B, 3, C, dtype=torch.float64), cache=cache, causal=True, window=2)
