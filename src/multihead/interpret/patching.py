@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..table import format_table
 from .ablation import replace_heads
 from .hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
+from .metric_checks import check_metric_pair
 from .scope import attention_hook_names
 
 Metric = Callable[[Any], "Tensor | float"]
@@ -118,7 +119,8 @@ def patch(
     `head_positions`: also each head at each position -> `.head_positions` (L, H, T).
     `resid`: "resid_pre" and/or "resid_post": each block's residual stream at each position
     -> `.resid[name]` (L, T).
-    Raises ValueError when the metric is the same on both inputs (nothing to recover).
+    Raises ValueError when the metric is the same on both inputs (nothing to recover) or NaN or
+    infinite on either (`metric_checks.check_metric_pair`).
     """
     model = unwrap(model)
     clean_in, corrupted_in = _as_inputs(clean), _as_inputs(corrupted)
@@ -146,12 +148,7 @@ def patch(
         clean_out, cache = run_with_cache(model, *clean_in, names=wanted, **kwargs)
         clean_value = _value(metric, clean_out)
         corrupted_value = _value(metric, model(*corrupted_in, **kwargs))
-        difference = clean_value - corrupted_value
-        if difference == 0:
-            raise ValueError(
-                f"the metric is {clean_value} on both the clean and the corrupted input: "
-                "there is no difference to recover"
-            )
+        difference = check_metric_pair(clean_value, corrupted_value)
 
         def recovered(fwd_hooks: list) -> float:
             out = run_with_hooks(model, *corrupted_in, fwd_hooks=fwd_hooks, **kwargs)
