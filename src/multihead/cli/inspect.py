@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..table import format_table
 from .errors import UsageError
-from .inputs import read_stdin
+from .inputs import check_text_argument, read_stdin
 from .model_dir import DEFAULT_MODEL, ModelDir, check_model, load_subject
 from .outputs import check_writable, output_format, write_atomic
 from .parsing import non_negative_int, positive_int
@@ -71,7 +71,7 @@ def _check_focus(args, layers: int | None, heads: int | None) -> None:
 
 
 def _read_text(args) -> str:
-    text = read_stdin() if args.text == "-" else args.text
+    text = read_stdin() if args.text == "-" else check_text_argument(args.text, "TEXT")
     if not text.strip():
         raise UsageError("TEXT is empty; give a sentence to inspect")
     return text
