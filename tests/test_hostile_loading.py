@@ -168,3 +168,37 @@ def test_agreeing_rope_fields_still_load(dirs, tmp_path):
     )
     model = load_causal_lm(path)
     assert model(torch.tensor([[1, 2, 3]])).shape[:2] == (1, 3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
+def test_cuda_on_a_cpu_only_torch_is_a_clear_error(dirs):
+    for load, name in ((load_causal_lm, "gpt2"), (load_encoder, "bert")):
+        with pytest.raises(ValueError, match=r"device 'cuda' is not available.*CUDA"):
+            load(dirs / name, device="cuda")
+
+
+def test_a_file_is_not_a_model_directory(dirs, tmp_path):
+    weights = dirs / "gpt2" / "model.safetensors"
+    with pytest.raises(ValueError, match=r"model.safetensors' is a file, not a model directory"):
+        load_causal_lm(weights)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match=r"not a model directory or \.gguf file"):
+        load_causal_lm(text)
+
+
+@pytest.mark.parametrize("path", ["../elsewhere", "/tmp", "1_Pooling/../../x"])
+def test_pooling_path_outside_the_model_dir_is_refused(dirs, tmp_path, path):
+    model = tmp_path / "st"
+    shutil.copytree(dirs / "bert", model)
+    (model / "1_Pooling").mkdir()
+    (model / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 24, "pooling_mode_mean_tokens": True})
+    )
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": path, "type": "sentence_transformers.models.Pooling"},
+    ]
+    (model / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match=r"Pooling's path .* must be a folder inside the model"):
+        load_encoder(model)

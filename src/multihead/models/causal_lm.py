@@ -37,6 +37,8 @@ def load_causal_lm(
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     model_dir = Path(path).expanduser()
+    if model_dir.is_file():
+        raise ValueError(f"{str(model_dir)!r} is a file, not a model directory or .gguf file")
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
     if not (model_dir / "config.json").is_file():

@@ -57,6 +57,17 @@ def check_dtype_and_device(dtype: object, device: torch.device | str | None) -> 
         raise ValueError(f"device must name a torch device, got {device!r} ({e})") from None
     if place.type == "meta":
         raise ValueError("device='meta' holds no weights; give the device to load them onto")
+    try:  # a CPU-only torch accepts torch.device("cuda") and fails later with an AssertionError
+        torch.empty(0, device=place)
+    except (RuntimeError, AssertionError) as e:
+        hint = (
+            "this torch was built without CUDA"
+            if place.type == "cuda" and not torch.backends.cuda.is_built()
+            else "no CUDA device is visible"
+            if place.type == "cuda"
+            else str(e).splitlines()[0]
+        )
+        raise ValueError(f"device {str(device)!r} is not available: {hint}") from None
     return place
 
 
