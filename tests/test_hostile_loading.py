@@ -179,12 +179,11 @@ def test_cuda_on_a_cpu_only_torch_is_a_clear_error(dirs):
 
 def test_a_file_is_not_a_model_directory(dirs, tmp_path):
     weights = dirs / "gpt2" / "model.safetensors"
-    with pytest.raises(ValueError, match=r"model.safetensors' is a file, not a model directory"):
-        load_causal_lm(weights)
     text = tmp_path / "notes.txt"
     text.write_text("hello")
-    with pytest.raises(ValueError, match=r"not a model directory or \.gguf file"):
-        load_causal_lm(text)
+    for path in (weights, text):  # says what it is and what it should be
+        with pytest.raises(ValueError, match=rf"{path.name}' is a file.*\.gguf file"):
+            load_causal_lm(path)
 
 
 @pytest.mark.parametrize("path", ["../elsewhere", "/tmp", "1_Pooling/../../x"])

@@ -149,10 +149,12 @@ def _check_layer_count(family: Family, config: Any, names: dict[str, str], sourc
     wanted = family.num_layers(config)
     stored, pattern = _stored_layers(family.key_map(config), names)
     if wanted != stored:
-        holds = f"holds {stored} ({pattern!r} up to {stored - 1})" if stored else "holds 0"
+        what = "missing" if wanted > stored else "unexpected"
+        first = pattern.replace(LAYER, str(min(wanted, stored)))
+        where = f" (from {first!r} on, layers are {what})" if pattern else ""
         raise ValueError(
-            f"config.json asks for {wanted} layers; the checkpoint {source} {holds}: the "
-            "config does not describe these weights"
+            f"the config asks for {wanted} layers but the checkpoint {source} holds {stored}"
+            f"{where}: the config does not describe these weights"
         )
 
 
