@@ -73,7 +73,8 @@ def check_induction_summary(s, c: InductionConfig):
 def test_induction_command_writes_the_files(tmp_path, capsys):
     code, out, err = run_cli(["train", "induction", *SHORT, "--out", str(tmp_path)], capsys)
     assert code == 0, err
-    assert {p.name for p in tmp_path.iterdir()} == {"summary.json", "induction.png", "report.html"}
+    written = {p.name for p in tmp_path.iterdir()}
+    assert written == {"summary.json", "induction.png", "report.html", "checkpoint.pt"}
     assert (tmp_path / "induction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "MultiheadReport.render" in html and '"tokens":["<s>"' in html
@@ -142,7 +143,7 @@ def test_reverse_command(tmp_path, capsys):
         capsys,
     )
     assert code == 0, err
-    assert {p.name for p in tmp_path.iterdir()} == {"summary.json", "reverse.png"}
+    assert {p.name for p in tmp_path.iterdir()} == {"summary.json", "reverse.png", "checkpoint.pt"}
     s = read(tmp_path / "summary.json")
     c = ReverseConfig()
     assert 0.0 <= s["accuracy"] <= 1.0 and 0.0 <= s["sequence_accuracy"] <= s["accuracy"]

@@ -34,16 +34,11 @@ def module_kind(entry: dict) -> str:
     return str(entry.get("type", "")).rsplit(".", 1)[-1]
 
 
-def transformer_folder(model_dir: Path) -> Path:
-    """The folder holding the transformer's own files: `model_dir`, or the subfolder that
-    modules.json's Transformer entry names (ValueError when that folder is not a relative
-    path inside `model_dir`, or is missing)."""
-    entries = module_entries(model_dir)
-    transformers = [e for e in entries or () if module_kind(e) == "Transformer"]
-    if not transformers:
-        return model_dir
-    sub = transformers[0].get("path", "")
-    where = f"{str(model_dir / 'modules.json')!r}: the Transformer's path"
+def module_folder(model_dir: Path, entry: dict) -> Path:
+    """The folder a modules.json entry names: a relative path inside `model_dir` (ValueError
+    for an absolute path, '..' or a drive; a module's files must not come from elsewhere)."""
+    sub = entry.get("path", "")
+    where = f"{str(model_dir / 'modules.json')!r}: the {module_kind(entry)}'s path"
     if not isinstance(sub, str):
         raise ValueError(f"{where} must be a string, got {sub!r}")
     parts = PurePosixPath(sub.replace("\\", "/")).parts
@@ -53,3 +48,14 @@ def transformer_folder(model_dir: Path) -> Path:
     if not folder.is_dir():
         raise ValueError(f"{where} names {sub!r}, which is not a folder in the model directory")
     return folder
+
+
+def transformer_folder(model_dir: Path) -> Path:
+    """The folder holding the transformer's own files: `model_dir`, or the subfolder that
+    modules.json's Transformer entry names (ValueError when that folder is not a relative
+    path inside `model_dir`, or is missing)."""
+    entries = module_entries(model_dir)
+    transformers = [e for e in entries or () if module_kind(e) == "Transformer"]
+    if not transformers:
+        return model_dir
+    return module_folder(model_dir, transformers[0])

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .errors import UsageError
-from .inputs import lines_of, read_stdin, read_text_file
+from .inputs import check_text_argument, lines_of, read_stdin, read_text_file
 from .model_dir import DEFAULT_MODEL, check_model, load_sentence_encoder
 from .outputs import check_writable, output_format, write_atomic
 from .parsing import positive_int
@@ -54,7 +54,9 @@ def _read_sentences(args) -> list[str]:
     if args.sentences and args.file:
         raise UsageError("give sentences as arguments or --file, not both")
     if args.sentences:
-        sentences = list(args.sentences)
+        sentences = [
+            check_text_argument(s, f"sentence {i}") for i, s in enumerate(args.sentences, 1)
+        ]
         if not any(s.strip() for s in sentences):
             raise UsageError("the sentences given are all empty")
         return sentences

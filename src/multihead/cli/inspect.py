@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..table import format_table
 from .errors import UsageError
-from .inputs import lines_of, read_stdin, read_text_file
+from .inputs import check_text_argument, lines_of, read_stdin, read_text_file
 from .model_dir import DEFAULT_MODEL, ModelDir, check_model, load_subject
 from .outputs import check_writable, output_format, write_atomic
 from .parsing import non_negative_int, positive_int
@@ -98,7 +98,7 @@ def _read_texts(args) -> list[str]:
         return texts
     if args.text is None:
         raise UsageError("give TEXT to inspect (or --corpus FILE)")
-    text = read_stdin() if args.text == "-" else args.text
+    text = read_stdin() if args.text == "-" else check_text_argument(args.text, "TEXT")
     if not text.strip():
         raise UsageError("TEXT is empty; give a sentence to inspect")
     if args.text != "-" and _is_path(text):

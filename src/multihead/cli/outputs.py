@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from .. import atomic
 from .errors import UsageError
 
 
@@ -67,26 +68,8 @@ def check_writable(path: Path, option: str = "-o") -> Path:
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object], option: str = "-o") -> None:
-    """Write through `write(file)` into a temporary file beside `path`, then rename it into
-    place: an interrupted or failed write leaves no half-written file behind."""
+    """`multihead.atomic.write_atomic`, its OSError as one usage error naming the option."""
     try:
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        atomic.write_atomic(path, write)
     except OSError as e:
-        raise UsageError(f"{option} {str(path)!r}: cannot write there ({e.strerror})") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(temp, 0o666 & ~_umask())
-        os.replace(temp, path)
-    except OSError as e:
-        Path(temp).unlink(missing_ok=True)
         raise UsageError(f"{option} {str(path)!r}: writing failed ({e.strerror or e})") from None
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

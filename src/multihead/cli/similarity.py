@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .errors import UsageError
+from .inputs import check_text_argument
 from .model_dir import DEFAULT_MODEL, check_model, load_sentence_encoder
 
 NAME = "similarity"
@@ -19,6 +21,10 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import numpy as np
 
+    for what, text in (("A", args.a), ("B", args.b)):
+        check_text_argument(text, what)
+        if not text.strip():  # as `embed ''`: an empty sentence has no meaning to compare
+            raise UsageError(f"{what} is empty; give two sentences to compare")
     encoder = load_sentence_encoder(check_model(args.model), NAME)
     a, b = encoder.encode([args.a, args.b])
     cosine = float(np.dot(a, b) / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-12))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from .parsing import non_negative_int, positive_int
 NAME = "train"
 HELP = "training demos: watch heads specialise (induction heads, cross-attention alignment)"
 SUBCOMMANDS = ("train_induction", "train_reverse")
+CHECKPOINT = "checkpoint.pt"  # multihead.train.checkpoints.CHECKPOINT_NAME (kept torch-free here)
 
 
 def add_common(parser: argparse.ArgumentParser, *, steps: int, eval_every: int, out: str) -> None:
@@ -40,6 +42,12 @@ def add_common(parser: argparse.ArgumentParser, *, steps: int, eval_every: int, 
         "--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a killed run from --out's checkpoint.pt (written after each measurement); "
+        "the result equals an uninterrupted run's",
+    )
 
 
 def prepare(args) -> Path:
@@ -55,7 +63,29 @@ def prepare(args) -> Path:
         raise UsageError(
             f"--out {str(out)!r}: cannot create the directory ({e.strerror})"
         ) from None
+    try:  # writable? tried for real (permission bits say little to root or on odd filesystems)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".multihead-", delete=True):
+            pass
+    except OSError as e:
+        raise UsageError(f"--out {str(out)!r}: cannot write there ({e.strerror})") from None
+    if args.resume and not (out / CHECKPOINT).is_file():
+        raise UsageError(f"--resume: --out {str(out)!r} holds no {CHECKPOINT} to resume from")
     return out
+
+
+def checkpoint_of(args) -> dict:
+    """The training functions' checkpoint arguments for --out and --resume."""
+    return {"checkpoint": args.out / CHECKPOINT, "resume": args.resume}
+
+
+def train_or_usage_error(train: Callable[[], object]):
+    """A training run; a checkpoint it cannot resume from becomes a usage error."""
+    try:
+        return train()
+    except ValueError as e:
+        if str(e).startswith("--resume"):
+            raise UsageError(str(e)) from None
+        raise
 
 
 def config_of(make: Callable[..., object], **fields: object):

@@ -7,7 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..table import format_table
-from .train import add_common, config_of, prepare, progress, with_threads
+from .train import (
+    add_common,
+    checkpoint_of,
+    config_of,
+    prepare,
+    progress,
+    train_or_usage_error,
+    with_threads,
+)
 
 NAME = "induction"
 HELP = "train a 2-layer model on repeated random segments; watch induction heads form"
@@ -47,7 +55,11 @@ def _train(config, out: Path, args) -> int:
     from ..train.report import write_induction_report
     from ..train.summary import induction_summary, write_summary
 
-    run = train_induction(config, progress=progress(args, f"induction ({config.position})"))
+    run = train_or_usage_error(
+        lambda: train_induction(
+            config, progress=progress(args, f"induction ({config.position})"), **checkpoint_of(args)
+        )
+    )
     summary = induction_summary(run)
     write_summary(summary, out / "summary.json")
     induction_png(run, out / "induction.png")

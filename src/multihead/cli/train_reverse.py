@@ -7,7 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..table import format_table
-from .train import add_common, config_of, prepare, progress, with_threads
+from .train import (
+    add_common,
+    checkpoint_of,
+    config_of,
+    prepare,
+    progress,
+    train_or_usage_error,
+    with_threads,
+)
 
 NAME = "reverse"
 HELP = "train an encoder-decoder to reverse sequences; measure cross-attention alignment"
@@ -35,7 +43,9 @@ def _train(config, out: Path, args) -> int:
     from ..train.reverse import train_reverse
     from ..train.summary import reverse_summary, write_summary
 
-    run = train_reverse(config, progress=progress(args, "reverse"))
+    run = train_or_usage_error(
+        lambda: train_reverse(config, progress=progress(args, "reverse"), **checkpoint_of(args))
+    )
     summary = reverse_summary(run)
     write_summary(summary, out / "summary.json")
     reverse_png(run, out / "reverse.png")

@@ -34,6 +34,7 @@ from ..modules.lm import CausalLM
 from ..table import format_table
 from .ablation import replace_heads
 from .hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
+from .metric_checks import check_metric_pair
 from .patch_batched import BatchedPatcher, batched_refusal
 from .scope import attention_hook_names
 
@@ -148,7 +149,8 @@ def patch(
     attention_mask); "loop" runs one whole forward per patch; "auto" (default) takes "batched"
     where it can run. Both give the same fractions up to float rounding. `batch_size`: patches
     per batched forward (default: as many as keep the logits near 256 MB).
-    Raises ValueError when the metric is the same on both inputs (nothing to recover).
+    Raises ValueError when the metric is the same on both inputs (nothing to recover) or NaN or
+    infinite on either (`metric_checks.check_metric_pair`).
     """
     model = unwrap(model)
     if engine not in ("auto", "batched", "loop"):
@@ -184,12 +186,7 @@ def patch(
         clean_out = model(*clean_in, **kwargs)
         clean_value = _value(metric, clean_out)
         corrupted_value = _value(metric, model(*corrupted_in, **kwargs))
-        difference = clean_value - corrupted_value
-        if difference == 0:
-            raise ValueError(
-                f"the metric is {clean_value} on both the clean and the corrupted input: "
-                "there is no difference to recover"
-            )
+        difference = check_metric_pair(clean_value, corrupted_value)
         if use_batched:
             patcher = BatchedPatcher(
                 cast(CausalLM, model),

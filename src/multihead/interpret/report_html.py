@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import write_text_atomic
 from .analysis import Analysis
 from .roles import RULES, SOURCE_NAMES, strongest
 
@@ -178,7 +179,7 @@ class HTMLReport:
 """
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.page(), encoding="utf-8")
+        write_text_atomic(path, self.page())  # whole or not at all
 
 
 def write_html(analysis: Analysis, path, *, title: str = "", open_head=None) -> None:

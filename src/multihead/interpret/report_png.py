@@ -14,6 +14,7 @@ import textwrap
 
 import numpy as np
 
+from ..atomic import save_figure
 from .analysis import Analysis
 
 THUMB = 64  # thumbnail pixels per side, at most
@@ -121,7 +122,7 @@ def grid_png(analysis: Analysis, path, *, text_index: int = 0, title: str = "") 
     fig.suptitle(_title(heading, 110), fontsize=9)
     fig.supxlabel("\n".join([_title(notes, 150), footer] if notes else [footer]), fontsize=6)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight (√ scale)")
-    fig.savefig(path, dpi=110, format="png")
+    save_figure(fig, path, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -151,7 +152,7 @@ def head_png(analysis: Analysis, layer: int, head: int, path, *, text_index: int
     if notes:
         fig.supxlabel(_title("; ".join(notes), int(14 * side), 3), fontsize=7)
     fig.colorbar(im, ax=ax, fraction=0.046, label="attention weight (√ scale)")
-    fig.savefig(path, dpi=120, format="png")
+    save_figure(fig, path, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -188,5 +189,5 @@ def metrics_png(
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.savefig(path, dpi=110, format="png")
+    save_figure(fig, path, dpi=110, format="png")
     plt.close(fig)

@@ -202,7 +202,33 @@ def _read_header(path: Path) -> dict[str, tuple[TensorInfo, _Span]]:
                 _corrupted(path, f"{name!r} spans bytes {begin}..{end} of {data_size}")
             )
         out[name] = (TensorInfo(dtype, shape), _Span(path, data_start + begin, data_start + end))
+    _check_tiling(
+        path,
+        {name: (span.begin - data_start, span.end - data_start) for name, (_, span) in out.items()},
+        data_size,
+    )
     return out
+
+
+def _check_tiling(path: Path, offsets: dict[str, tuple[int, int]], data_size: int) -> None:
+    """The format's rule (as `safetensors` enforces it): the tensors' byte spans tile the data
+    exactly, in order, with no overlap (two tensors aliasing the same bytes would load as one
+    silently), no hole and nothing after the last one."""
+    at, previous = 0, None
+    for name, (begin, end) in sorted(offsets.items(), key=lambda kv: (kv[1], kv[0])):
+        if begin < at:
+            raise ValueError(
+                _corrupted(path, f"{name!r} (bytes {begin}..{end}) and {previous!r} overlap")
+            )
+        if begin > at:
+            raise ValueError(
+                _corrupted(
+                    path, f"a hole: bytes {at}..{begin} belong to no tensor (before {name!r})"
+                )
+            )
+        at, previous = end, name
+    if at != data_size:
+        raise ValueError(_corrupted(path, f"{data_size - at} bytes after the last tensor"))
 
 
 def _itemsize(dtype_name: str) -> int | None:

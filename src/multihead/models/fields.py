@@ -1,8 +1,10 @@
 """Typed reads of a config.json, each error naming the model type, the field and the value.
 
-Every family reads its config through `Fields`, so sizes are checked (positive ints), epsilons
-are positive, and a field that would change the computation in a way multihead does not
-implement is refused by name (`refuse`), never silently ignored.
+Every family reads its config through `Fields`, so every number is range-checked before anything
+is built: sizes are ints in [1, MAX_SIZE] (a config asking for 2**40-wide layers fails here, not
+in an allocator), epsilons lie in (0, MAX_EPSILON], dropouts in [0, 1); and a field that would
+change the computation in a way multihead does not implement is refused by name (`refuse`),
+never silently ignored.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 _REQUIRED: Any = object()
+# Larger than any released model's vocabulary, width, context or window (16.7 million), small
+# enough that a config cannot make a loader build for minutes before the weights refute it.
+MAX_SIZE = 2**24
+MAX_EPSILON = 0.1  # norm epsilons are 1e-12 .. 1e-5 in practice; 0.1 would swamp the variance
 
 
 class Fields:
@@ -33,18 +39,32 @@ class Fields:
             raise ValueError(f"config.json ({self.model_type}) lacks {key}")
         return True
 
-    def int(self, key: str, default: Any = _REQUIRED, *, minimum: int = 1) -> Any:
-        """An int >= minimum (sizes: >= 1), or `default` (which may be None) when absent."""
+    def int(
+        self, key: str, default: Any = _REQUIRED, *, minimum: int = 1, maximum: int = MAX_SIZE
+    ) -> Any:
+        """An int in [minimum, maximum] (sizes: >= 1), or `default` (which may be None) when
+        absent."""
         if self._absent(key, default):
             return default
         value = self.config[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
             raise ValueError(f"{self._where(key)} must be {kind}, got {value!r}")
+        if value > maximum:
+            raise ValueError(f"{self._where(key)} = {value!r} is too large (at most {maximum})")
         return value
 
-    def number(self, key: str, default: Any = _REQUIRED, *, positive: bool = True) -> Any:
-        """A finite float (> 0 when `positive`, else >= 0), or `default` when absent."""
+    def number(
+        self,
+        key: str,
+        default: Any = _REQUIRED,
+        *,
+        positive: bool = True,
+        minimum: float | None = None,
+        maximum: float = math.inf,
+    ) -> Any:
+        """A finite float (> 0 when `positive`, else >= 0; >= `minimum` when given) and <=
+        `maximum`, or `default` when absent."""
         if self._absent(key, default):
             return default
         value = self.config[key]
@@ -53,7 +73,16 @@ class Fields:
         if not ok:
             kind = "a positive number" if positive else "a number >= 0"
             raise ValueError(f"{self._where(key)} must be {kind}, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{self._where(key)} must be a number >= {minimum:g}, got {value!r}")
+        if value > maximum:
+            raise ValueError(f"{self._where(key)} = {value!r} is too large (at most {maximum:g})")
         return float(value)
+
+    def epsilon(self, key: str, default: float) -> float:
+        """A norm epsilon in (0, MAX_EPSILON]."""
+        value: float = self.number(key, default, maximum=MAX_EPSILON)
+        return value
 
     def probability(self, key: str, default: float = 0.0) -> float:
         """A dropout probability in [0, 1)."""

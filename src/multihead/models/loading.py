@@ -1,11 +1,15 @@
 """Build a model from a checkpoint without materialising random weights first.
 
-1. the family reads config.json into our config (sizes, epsilons and flags checked by name);
-2. the model is built on the meta device (shapes only, no memory);
-3. its key map is matched against the checkpoint's header: every missing, unexpected or
+1. the family reads config.json into our config (every number range-checked by name, fields
+   that contradict each other refused);
+2. the config's layer count is checked against the layers the checkpoint's header holds (a
+   config asking for a billion layers over a 2-layer checkpoint fails here, before a module is
+   built: building even on the meta device takes time per layer);
+3. the model is built on the meta device (shapes only, no memory);
+4. its key map is matched against the checkpoint's header: every missing, unexpected or
    mis-shaped tensor is named before anything is read (a config asking for 30 million
    vocabulary rows fails here, at no cost);
-4. each tensor is read once into its final dtype and device, checked finite, and handed to
+5. each tensor is read once into its final dtype and device, checked finite, and handed to
    the module with `load_state_dict(assign=True)`.
 Peak memory is the model's size (plus one tensor in flight), not twice it.
 """
@@ -13,6 +17,7 @@ Peak memory is the model's size (plus one tensor in flight), not twice it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .checkpoint import WEIGHT_DTYPES, Checkpoint, describe_dtype
-from .keymap import Rule, Source, plan_state_dict
+from .keymap import LAYER, Rule, Source, plan_state_dict
 
 
 def _same(key: str) -> str | None:
@@ -52,6 +57,17 @@ def check_dtype_and_device(dtype: object, device: torch.device | str | None) -> 
         raise ValueError(f"device must name a torch device, got {device!r} ({e})") from None
     if place.type == "meta":
         raise ValueError("device='meta' holds no weights; give the device to load them onto")
+    try:  # a CPU-only torch accepts torch.device("cuda") and fails later with an AssertionError
+        torch.empty(0, device=place)
+    except (RuntimeError, AssertionError) as e:
+        hint = (
+            "this torch was built without CUDA"
+            if place.type == "cuda" and not torch.backends.cuda.is_built()
+            else "no CUDA device is visible"
+            if place.type == "cuda"
+            else str(e).splitlines()[0]
+        )
+        raise ValueError(f"device {str(device)!r} is not available: {hint}") from None
     return place
 
 
@@ -120,6 +136,35 @@ def _materialize(
     return out
 
 
+def _stored_layers(rules: list[Rule], names: dict[str, str]) -> tuple[int, str]:
+    """(layers the checkpoint holds, the key pattern that says so): one past the highest layer
+    index in any key a per-layer rule reads; (0, "") when no key has one."""
+    layered = {s for r in rules if LAYER in r.target for s in r.sources if LAYER in s}
+    patterns = {
+        s: re.compile(re.escape(s).replace(re.escape(LAYER), r"(\d+)")) for s in sorted(layered)
+    }
+    top, where = -1, ""
+    for key in names:
+        for source, pattern in patterns.items():
+            match = pattern.fullmatch(key)
+            if match and int(match.group(1)) > top:
+                top, where = int(match.group(1)), source
+    return top + 1, where
+
+
+def _check_layer_count(family: Family, config: Any, names: dict[str, str], source: str) -> None:
+    wanted = family.num_layers(config)
+    stored, pattern = _stored_layers(family.key_map(config), names)
+    if wanted != stored:
+        what = "missing" if wanted > stored else "unexpected"
+        first = pattern.replace(LAYER, str(min(wanted, stored)))
+        where = f" (from {first!r} on, layers are {what})" if pattern else ""
+        raise ValueError(
+            f"the config asks for {wanted} layers but the checkpoint {source} holds {stored}"
+            f"{where}: the config does not describe these weights"
+        )
+
+
 def load_model(
     family: Family,
     raw_config: dict,
@@ -131,11 +176,6 @@ def load_model(
     """The family's model, built from `raw_config` and filled from `checkpoint`, in eval mode."""
     place = check_dtype_and_device(dtype, device)
     config = family.read_config(raw_config)
-    model = family.build(config, device="meta")
-    tied = family.tied(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
-    strides = {k: v.stride() for k, v in model.state_dict().items()}
-
     names: dict[str, str] = {}  # key-map spelling -> checkpoint key
     for key in checkpoint.infos:
         renamed = family.rename(key)
@@ -147,6 +187,11 @@ def load_model(
                 f"({renamed!r}) in two spellings"
             )
         names[renamed] = key
+    _check_layer_count(family, config, names, checkpoint.source)
+    model = family.build(config, device="meta")
+    tied = family.tied(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
+    strides = {k: v.stride() for k, v in model.state_dict().items()}
     plan = plan_state_dict(
         {k: checkpoint.infos[v].shape for k, v in names.items()},
         family.key_map(config),

@@ -39,6 +39,7 @@ from ..positional import ALiBi
 from ..positional.scheme import PositionScheme
 from .collectives import copy_to_ranks, gather_heads
 from .heads import HeadSplit
+from .input_agreement import DEFAULT_TIMEOUT, input_check_hook
 from .linear_shards import (
     ReplicatedKVLinear,
     RowMajorColwise,
@@ -226,14 +227,24 @@ def _check_mesh(mesh: object) -> DeviceMesh:
     return mesh
 
 
-def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def tensor_parallel(
+    model: nn.Module, mesh: DeviceMesh, *, timeout: float = DEFAULT_TIMEOUT
+) -> nn.Module:
     """Shard `model`'s attention heads and MLPs over the ranks of a 1-D device mesh, in place.
 
     Every rank calls it on the same model (same weights: seed alike or load the same
     checkpoint). Afterwards every rank gives the model the same (replicated) input and gets the
     same output as the unsharded model; each rank holds 1/tp of the attention and MLP weights
     (kv heads replicated when tp > num_kv_heads). Everything is checked before anything changes.
+
+    Each forward first checks, in one small all-gather, that every rank was given the same
+    inputs (shapes, dtypes and a checksum of the values): different inputs raise ValueError on
+    every rank, naming the ranks and what differs. `timeout` (seconds, default 300) bounds that
+    all-gather: a rank that failed and stays alive makes the others raise TimeoutError instead
+    of waiting for the process group's timeout (docs/parallel.md).
     """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     mesh = _check_mesh(mesh)
     tp = mesh.size()
     for name, module in model.named_modules():
@@ -259,4 +270,9 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
                     f"{name}: the MLP's hidden width ({hidden}) must be a multiple of the "
                     f"tensor-parallel size ({tp})"
                 )
-    return parallelize_module(model, mesh, tensor_parallel_plan(model))
+    model = parallelize_module(model, mesh, tensor_parallel_plan(model))
+    where = f"tensor_parallel({type(model).__name__})"
+    model.register_forward_pre_hook(
+        input_check_hook(mesh.get_group(), float(timeout), where), with_kwargs=True
+    )
+    return model

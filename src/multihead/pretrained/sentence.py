@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model_layout import module_entries, module_kind, transformer_folder
+from ..model_layout import module_entries, module_folder, module_kind, transformer_folder
 from ..models.checkpoint import read_json
 from .pooling import POOLING_MODES
 
@@ -101,8 +101,8 @@ def read_sentence_settings(model_dir: Path, hidden_size: int, max_length: int) -
                 "Pooling (-> Normalize)"
             )
         pooling_entry = entries[kinds.index("Pooling")]
-        pooling = _pooling_modes(
-            model_dir / str(pooling_entry.get("path", "")) / "config.json", hidden_size
+        pooling = _pooling_modes(  # inside the model directory, as the Transformer's
+            module_folder(model_dir, pooling_entry) / "config.json", hidden_size
         )
         normalize = "Normalize" in kinds
 

@@ -9,9 +9,11 @@ and ablates each head (`ablation.ablate_heads`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,8 @@ import torch.nn.functional as F
 from ..modules import CausalLM, LMConfig
 from ..modules.init import init_weights
 from .ablation import HeadAblation, ablate_heads
+from .checkpoints import Checkpointing
+from .checkpoints import History as CurveHistory
 from .data import RepeatTask, repeat_batch
 from .loop import HELD_OUT_SEED_OFFSET, check_seed_and_counts, run_steps, seeded
 from .phase import PhaseChange, detect
@@ -113,9 +117,15 @@ class InductionRun:
 
 
 def train_induction(
-    config: InductionConfig, *, progress: Callable[[int], object] | None = None
+    config: InductionConfig,
+    *,
+    progress: Callable[[int], object] | None = None,
+    checkpoint: Path | None = None,
+    resume: bool = False,
 ) -> InductionRun:
-    """Train and measure. `progress(total)` may return a tqdm-like bar (update, set_postfix)."""
+    """Train and measure. `progress(total)` may return a tqdm-like bar (update, set_postfix).
+    `checkpoint`: a file written (atomically) after each measurement; `resume`: continue from
+    it (the result equals an uninterrupted run's)."""
     start = time.perf_counter()
     task = config.task()
     model = seeded(
@@ -151,6 +161,10 @@ def train_induction(
         batch_loss=batch_loss,
         evaluate=measure_step,
         progress=progress,
+        checkpoint=None
+        if checkpoint is None
+        else Checkpointing(checkpoint, dataclasses.asdict(config), resume),
+        history=CurveHistory(history.steps, history.scores, Scores),
     )
     phase = detect(
         history.steps,

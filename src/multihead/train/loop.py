@@ -14,6 +14,9 @@ from typing import Protocol, TypeVar
 import torch
 from torch import Tensor, nn
 
+from . import checkpoints
+from .checkpoints import Checkpointing, History
+
 # Held-out sequences come from their own seed stream, apart from the training batches.
 HELD_OUT_SEED_OFFSET = 1_000_003
 
@@ -57,20 +60,36 @@ def run_steps(
     batch_loss: Callable[[torch.Generator], Tensor],
     evaluate: Callable[[int], dict[str, str]],
     progress: Callable[[int], object] | None,
+    checkpoint: Checkpointing | None = None,
+    history: History | None = None,
 ) -> None:
     """Train `model` for `steps` AdamW steps on `batch_loss(data)` (data: the training-batch
     generator, seeded with `seed`). `evaluate(step)` runs at step 0, every `eval_every` steps
     and after the last; it returns the progress bar's fields, in display order. `progress(total)`
-    may return a tqdm-like bar (update, set_postfix, close). Leaves the model in eval mode."""
+    may return a tqdm-like bar (update, set_postfix, close). With `checkpoint` (and the
+    `history` evaluate fills), a checkpoint is written atomically after each evaluation, and
+    `checkpoint.resume` continues from the last one. Leaves the model in eval mode."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     data = torch.Generator().manual_seed(seed)
+    if checkpoint is not None and history is None:
+        raise ValueError("checkpointing needs the run's history")
+    start = 0
+    if checkpoint is not None and checkpoint.resume:
+        assert history is not None
+        start = checkpoints.restore(checkpoint, model, opt, data, history)
     bar = progress(steps) if progress is not None else None
+    if bar is not None and start:
+        bar.update(start)  # type: ignore[attr-defined]
     model.train()
-    for step in range(steps + 1):
-        if step % eval_every == 0 or step == steps:
-            fields = evaluate(step)
+    for step in range(start, steps + 1):
+        resumed_here = checkpoint is not None and checkpoint.resume and step == start
+        if (step % eval_every == 0 or step == steps) and not resumed_here:
+            fields = evaluate(step)  # (a resumed run measured this step before it stopped)
             if bar is not None:  # a dict keeps the order (keyword arguments would be sorted)
                 bar.set_postfix(fields, refresh=False)  # type: ignore[attr-defined]
+            if checkpoint is not None:
+                assert history is not None
+                checkpoints.save(checkpoint, step, model, opt, data, history)
         if step == steps:
             break
         loss = batch_loss(data)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..atomic import save_figure
+
 if TYPE_CHECKING:
     from .induction import InductionRun
     from .reverse import ReverseRun
@@ -87,7 +89,7 @@ def induction_png(run: InductionRun, path: str | Path) -> None:
     fig.suptitle(
         f"induction heads: {run.config.position} positions, seed {run.config.seed}", fontsize=11
     )
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def reverse_png(run: ReverseRun, path: str | Path, *, example: int | None = None) -> None:
@@ -123,4 +125,4 @@ def reverse_png(run: ReverseRun, path: str | Path, *, example: int | None = None
         ax.set_yticks(range(n), tgt, fontsize=7)
         ax.set(xlabel="source token", ylabel="target token (decoder query)", title=title)
     fig.suptitle(f"sequence reversal: held-out example {example}, {n} tokens", fontsize=11)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)

@@ -10,9 +10,11 @@ Shapes: src, tgt (B, S); cross-attention weights per decoder layer (B, H, S, S).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,7 @@ from ..interpret import capture
 from ..interpret.metrics import aligned_mass
 from ..modules import EncoderDecoder, StackConfig
 from ..modules.init import init_weights
+from .checkpoints import Checkpointing, History
 from .data import PAD, REVERSE_BOS, ReverseBatch, ReverseTask, reverse_batch
 from .loop import HELD_OUT_SEED_OFFSET, check_seed_and_counts, run_steps, seeded
 
@@ -128,8 +131,13 @@ def evaluate(model: EncoderDecoder, batch: ReverseBatch) -> ReverseScores:
 
 
 def train_reverse(
-    config: ReverseConfig, *, progress: Callable[[int], object] | None = None
+    config: ReverseConfig,
+    *,
+    progress: Callable[[int], object] | None = None,
+    checkpoint: Path | None = None,
+    resume: bool = False,
 ) -> ReverseRun:
+    """Train and measure; `checkpoint` and `resume` as in `train_induction`."""
     start = time.perf_counter()
     task = config.task()
     model = seeded(
@@ -164,6 +172,10 @@ def train_reverse(
         batch_loss=lambda data: reversal_loss(model, reverse_batch(task, config.batch_size, data)),
         evaluate=measure_step,
         progress=progress,
+        checkpoint=None
+        if checkpoint is None
+        else Checkpointing(checkpoint, dataclasses.asdict(config), resume),
+        history=History(run.steps, run.scores, ReverseScores),
     )
     run.seconds = time.perf_counter() - start
     return run

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..atomic import write_text_atomic
 from .induction import InductionRun
 from .reverse import ReverseRun
 
@@ -106,4 +107,4 @@ def reverse_summary(run: ReverseRun) -> dict[str, Any]:
 
 
 def write_summary(summary: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(summary, indent=1) + "\n")

@@ -7,6 +7,12 @@ It also serves the `hook_attn_scores` / `hook_pattern` hook points: `on_scores` 
 biased scores with blocked keys at -inf, `on_pattern` the probabilities; either may return a
 replacement, which the rest of the computation uses. Replaced scores keep blocked keys blocked;
 a replaced pattern is used as given (weight it puts on a blocked key is applied).
+
+Non-finite inputs follow torch's math backend (the rule every backend follows): NaN in q, k, v
+or bias makes NaN the output rows it reaches (NaN in q or k reaches its row even through a
+blocked key, as torch forms q @ k^T before masking; NaN in v through any weight, as 0 * NaN is
+NaN; a NaN bias on a key the mask blocks does not); only a boolean False or a -inf bias blocks a
+key (NaN does not); a row with no key left is zeros.
 """
 
 from __future__ import annotations
@@ -42,13 +48,18 @@ def eager_attention(
     # Half precision accumulates scores and probabilities in fp32; fp32/fp64 stay as they are.
     acc = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * call.scale  # (B, H, Tq, Tk)
+    allowed = allowed_mask(call)
+    # NaN in q or k reaches its row even through a blocked key, as in torch's kernels (they
+    # form q @ k^T before masking); the fill below would hide it, so note it first.
+    met_nan = scores.isnan().any(dim=-1, keepdim=True) if allowed is not None else None
     if call.bias is not None:
         scores = scores + call.bias.to(acc)
-    allowed = allowed_mask(call)
     if call.bias is not None:
-        # A -inf bias blocks a key just as the mask does; a row with no finite score must not NaN.
-        finite = scores > float("-inf")
-        allowed = finite if allowed is None else allowed & finite
+        # A -inf bias blocks a key just as the mask does (a row with no key left must not NaN).
+        # Only -inf: a NaN score (NaN in q, k or bias) is not a blocked key, it makes its row NaN,
+        # as torch's math backend does.
+        open_ = scores != float("-inf")
+        allowed = open_ if allowed is None else allowed & open_
     if on_scores is not None:
         shown = scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
         scores = on_scores(shown).to(acc)
@@ -63,4 +74,9 @@ def eager_attention(
     if call.dropout_p > 0.0:  # as torch, the weights returned are the ones used (after dropout)
         weights = F.dropout(weights, p=call.dropout_p, training=True)
     out = torch.matmul(weights, v.to(acc)).to(q.dtype)  # (B, H, Tq, Dv)
+    if met_nan is not None:
+        out = torch.where(met_nan, float("nan"), out)
+    if allowed is not None and on_pattern is None:
+        # a row with no key is zeros, even beside NaN in q, k or v (0 * NaN is NaN)
+        out = torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0)
     return out, (weights.to(q.dtype) if call.return_weights else None)

@@ -11,6 +11,9 @@ own (rows, Tk) slice of the combined mask and reads only the keys its last query
 key mask plus causality costs O(T) memory per row block instead of a T x T tensor, and the
 fully masked upper triangle is skipped.
 
+Non-finite inputs follow torch's math backend (as the eager backend does): NaN in q, k, v or
+bias makes NaN the rows it reaches; only a boolean False or a -inf bias blocks a key.
+
 Shapes: q (B, H, Tq, D), k/v (B, Hkv, Tk, D); masks 4-D, broadcastable to (B, H, Tq, Tk).
 """
 
@@ -26,6 +29,9 @@ from .allowed import allowed_mask, causal_block
 # float copy of it 32-64 MB). Calls below it run whole.
 CHUNK_ELEMENTS = 2**24
 MIN_CHUNK_ROWS = 128
+# Below this many keys torch's unmasked CPU kernel (torch 2.13) gives 0, not NaN, for a NaN
+# query row; tests/test_hostile_numerics.py sweeps key counts against the math backend.
+NAN_QUIRK_KEYS = 16
 
 # torch's kernel itself (what `F.scaled_dot_product_attention` is bound to), looked up once: code
 # that swaps multihead's drop-in into `torch.nn.functional` (as tools/run_torch_tests.py does)
@@ -71,7 +77,7 @@ def _gqa(q: Tensor, k: Tensor) -> bool:
 
 def _plain(call: AttentionCall, causal: bool) -> Tensor:
     q, k, v = call.q, call.k, call.v
-    return _sdpa(
+    out = _sdpa(
         q,
         k,
         v,
@@ -80,6 +86,14 @@ def _plain(call: AttentionCall, causal: bool) -> Tensor:
         scale=call.scale,
         enable_gqa=_gqa(q, k),
     )
+    if q.device.type == "cpu" and k.shape[2] < NAN_QUIRK_KEYS:
+        # torch's fused CPU kernel, unmasked and with fewer than 16 keys, returns 0 for a query
+        # row holding NaN (the math backend, and every other case, return NaN): add 0 * the
+        # row's max, NaN exactly when the row holds NaN (max propagates NaN, cannot overflow).
+        # No sync; detached, so the backward pass is the kernel's own. Shapes only decide it,
+        # so longer calls (where the kernel propagates NaN itself) pay nothing.
+        out = out + q.detach().amax(dim=-1, keepdim=True).to(out.dtype) * 0.0
+    return out
 
 
 def _chunk_rows(call: AttentionCall) -> int:
@@ -140,8 +154,9 @@ def _fused(
     """SDPA with a may-attend mask and/or an additive bias; rows with no key give zeros."""
     keep = allowed
     if bias is not None:
-        finite = bias > float("-inf")  # a -inf bias blocks its key just as the mask does
-        keep = finite if keep is None else keep & finite
+        # a -inf bias blocks its key just as the mask does; NaN does not (its row becomes NaN)
+        open_ = bias != float("-inf")
+        keep = open_ if keep is None else keep & open_
     assert keep is not None  # the caller runs unmasked calls without this function
     row_ok = keep.any(dim=-1, keepdim=True)  # (..., Tq, 1): False where a query sees no key
     attn_mask: Tensor

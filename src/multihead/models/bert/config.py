@@ -89,7 +89,7 @@ def bert_fields(f: Fields) -> dict:
         num_attention_heads=f.int("num_attention_heads"),
         intermediate_size=f.int("intermediate_size"),
         hidden_act=f.choice("hidden_act", "gelu", ACTIVATIONS),
-        layer_norm_eps=f.number("layer_norm_eps", 1e-12),
+        layer_norm_eps=f.epsilon("layer_norm_eps", 1e-12),
         max_position_embeddings=f.int("max_position_embeddings", 512),
         hidden_dropout_prob=f.probability("hidden_dropout_prob", 0.1),
         attention_probs_dropout_prob=f.probability("attention_probs_dropout_prob", 0.1),

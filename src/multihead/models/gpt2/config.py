@@ -42,7 +42,7 @@ def gpt2_config(config: dict) -> LMConfig:
         num_heads=heads,
         ffn_dim=f.int("n_inner", None) or 4 * dim,
         max_positions=f.int("n_positions"),
-        norm_eps=f.number("layer_norm_epsilon", 1e-5),
+        norm_eps=f.epsilon("layer_norm_epsilon", 1e-5),
         activation=f.choice("activation_function", "gelu_new", ACTIVATIONS),
         tie_embeddings=f.flag("tie_word_embeddings", True),
         dropout=resid,

@@ -28,12 +28,45 @@ ROPE_KEYS = {
 }
 
 
-def rope_settings(f: Fields, max_positions: int) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) from either spelling; unknown types and keys refused by name."""
-    params = f.config.get("rope_scaling") or f.config.get("rope_parameters") or {}
+# RoPE base: above 1 (a base of 1 rotates every pair at the same speed), at most 1e12 (released
+# models use 1e4 .. 1e8). Scaling factors: context multipliers in [1, 1e4].
+THETA_RANGE = (1.0, 1e12)
+MAX_FACTOR = 1e4
+
+
+def _rope_params(f: Fields) -> tuple[dict, str]:
+    """The RoPE object and its key; both spellings present and different is an error."""
+    scaling, parameters = f.config.get("rope_scaling"), f.config.get("rope_parameters")
+    if scaling and parameters and scaling != parameters:
+        raise ValueError(
+            f"config.json ({f.model_type}): rope_scaling {scaling!r} and rope_parameters "
+            f"{parameters!r} disagree; give one"
+        )
+    params = scaling or parameters or {}
     if not isinstance(params, dict):
         raise ValueError(f"config.json ({f.model_type}): rope_scaling must be an object")
-    where = "rope_scaling" if f.config.get("rope_scaling") else "rope_parameters"
+    return params, "rope_scaling" if scaling else "rope_parameters"
+
+
+def _theta(f: Fields, p: Fields, where: str) -> float:
+    """rope_theta from the RoPE object or the top level; both present and different is an
+    error, not a silent choice."""
+    low, high = THETA_RANGE
+    inner = p.number("rope_theta", None, positive=False, minimum=low, maximum=high)
+    outer = f.number("rope_theta", None, positive=False, minimum=low, maximum=high)
+    if inner is not None and outer is not None and inner != outer:
+        raise ValueError(
+            f"config.json ({f.model_type}): rope_theta {outer:g} disagrees with "
+            f"{where}.rope_theta {inner:g}; give one"
+        )
+    theta = inner if inner is not None else outer
+    return 10000.0 if theta is None else theta
+
+
+def rope_settings(f: Fields, max_positions: int) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from either spelling; unknown types and keys refused by name,
+    numbers range-checked, contradicting spellings refused."""
+    params, where = _rope_params(f)
     unknown = sorted(set(params) - ROPE_KEYS)
     if unknown:
         raise ValueError(
@@ -43,8 +76,13 @@ def rope_settings(f: Fields, max_positions: int) -> tuple[float, RopeScaling | N
     p = Fields(params, f"{f.model_type} {where}")
     p.refuse("partial_rotary_factor", lambda v: v == 1, "RoPE on part of each head")
     f.refuse("partial_rotary_factor", lambda v: v == 1, "RoPE on part of each head")
-    theta = p.number("rope_theta", None) or f.number("rope_theta", 10000.0)
+    theta = _theta(f, p, where)
     kind = params.get("rope_type", params.get("type", "default"))
+    if "rope_type" in params and "type" in params and params["type"] != kind:
+        raise ValueError(
+            f"config.json ({f.model_type}): {where} rope_type {kind!r} and type "
+            f"{params['type']!r} disagree"
+        )
     if kind == "default":
         return theta, None
     if kind not in ("linear", "dynamic", "llama3"):
@@ -52,17 +90,24 @@ def rope_settings(f: Fields, max_positions: int) -> tuple[float, RopeScaling | N
             f"config.json ({f.model_type}): RoPE type {kind!r} is not supported; multihead "
             "implements default, linear, dynamic and llama3"
         )
-    factor = p.number("factor")
+    factor = p.number("factor", minimum=1.0, maximum=MAX_FACTOR)
     if kind == "linear":
-        return theta, RopeScaling("linear", factor)
+        return theta, RopeScaling("linear", factor, None)
     if kind == "dynamic":  # grows past max_position_embeddings, as transformers does
         return theta, RopeScaling("dynamic", factor, max_positions)
+    low = p.number("low_freq_factor", maximum=MAX_FACTOR)
+    high = p.number("high_freq_factor", maximum=MAX_FACTOR)
+    if not low < high:  # the wavelength bands between them would be empty or reversed
+        raise ValueError(
+            f"config.json ({f.model_type}): {where} low_freq_factor {low:g} must be below "
+            f"high_freq_factor {high:g}"
+        )
     return theta, RopeScaling(
         "llama3",
         factor,
         p.int("original_max_position_embeddings", max_positions),
-        low_freq_factor=p.number("low_freq_factor"),
-        high_freq_factor=p.number("high_freq_factor"),
+        low_freq_factor=low,
+        high_freq_factor=high,
     )
 
 
@@ -96,6 +141,10 @@ def llama_family_config(config: dict) -> LMConfig:
         f.int("num_attention_heads"),
         f.int("num_hidden_layers"),
     )
+    if heads > dim:  # every released model has far fewer heads than channels
+        raise ValueError(
+            f"config.json ({model_type}): num_attention_heads {heads!r} exceeds hidden_size {dim}"
+        )
     kv_heads = f.int("num_key_value_heads", kv_default or heads)
     if heads % kv_heads:
         raise ValueError(
@@ -135,7 +184,7 @@ def llama_family_config(config: dict) -> LMConfig:
         max_positions=max_positions,
         position="rope",
         norm="rmsnorm",
-        norm_eps=f.number("rms_norm_eps", 1e-6),
+        norm_eps=f.epsilon("rms_norm_eps", 1e-6),
         mlp="swiglu",
         activation="silu",
         bias=False,

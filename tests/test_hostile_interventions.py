@@ -1,0 +1,51 @@
+"""Interventions refuse a meaningless metric: NaN or infinite on the clean or the corrupted run is
+one clear error naming the run and the value, never a table of NaN."""
+
+import math
+
+import pytest
+import torch
+
+from multihead.interpret import patch
+from multihead.interpret.metric_checks import check_metric_pair
+from multihead.modules import CausalLM, LMConfig
+
+B, T, V = 2, 6, 37
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(3)
+    model = CausalLM(LMConfig(vocab_size=V, dim=18, num_layers=2, num_heads=3, ffn_dim=28)).eval()
+    clean = torch.randint(0, V, (B, T))
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 1) % V
+    return model, clean, corrupted
+
+
+def test_metric_nan_on_both_runs_is_refused(setup):
+    model, clean, corrupted = setup
+    with pytest.raises(ValueError, match=r"metric is nan on the clean run"):
+        patch(model, clean, corrupted, lambda logits: logits.sum() * float("nan"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_metric_non_finite_on_the_corrupted_run_is_refused(setup, bad):
+    model, clean, corrupted = setup
+
+    def metric(logits):  # finite on the clean input only
+        return logits[:, -1, 5].mean() + (0.0 if torch.equal(logits, clean_logits) else bad)
+
+    with torch.no_grad():
+        clean_logits = model(clean)
+    with pytest.raises(ValueError, match=rf"metric is {bad} on the corrupted run"):
+        patch(model, clean, corrupted, metric)
+
+
+def test_check_metric_pair_rules():
+    assert check_metric_pair(2.0, 0.5) == 1.5
+    for clean, corrupted, run in [(math.nan, 1.0, "clean"), (1.0, math.inf, "corrupted")]:
+        with pytest.raises(ValueError, match=f"on the {run} run"):
+            check_metric_pair(clean, corrupted)
+    with pytest.raises(ValueError, match="no difference to recover"):
+        check_metric_pair(0.25, 0.25)
