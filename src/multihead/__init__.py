@@ -16,6 +16,7 @@ _LAZY = {
     "MultiHeadAttention": "modules",
     "attention": "functional",
     "scaled_dot_product_attention": "functional",
+    "show": "interpret.head_view",
 }
 
 __all__ = [
@@ -24,11 +25,13 @@ __all__ = [
     "attention",
     "functional",
     "scaled_dot_product_attention",
+    "show",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from . import functional
     from .functional import attention, scaled_dot_product_attention
+    from .interpret.head_view import show
     from .modules import MultiHeadAttention
 
 
