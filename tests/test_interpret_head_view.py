@@ -209,6 +209,7 @@ def test_head_view_in_headless_chromium(encoder, analysis, causal_view, tmp_path
         )
         assert corner == [200, 200, 200]
         assert "causal" in page.locator(".mhv-details").inner_text()
+        assert "next\tn/a" in page.locator(".mhv-metrics").inner_text()  # undefined when causal
 
         page.goto(two.as_uri())
         page.wait_for_function("document.querySelectorAll(\".mhv[data-ready='1']\").length == 2")

@@ -97,7 +97,8 @@ def head_view_data(
             f"Showing the first {T} of {item.total_tokens} tokens (the view's cap is "
             f"{max_tokens}); attention to later tokens is not drawn."
         )
-    metric_names = [m for m in DETAIL_METRICS if m in analysis.metrics]
+    # a metric a causal pattern does not define (next-token mass) is listed as "n/a"
+    metric_names = [m for m in DETAIL_METRICS if m in analysis.metrics or m in analysis.undefined]
     return {
         "id": "mhv-" + secrets.token_hex(4),
         "L": L,
@@ -118,8 +119,13 @@ def head_view_data(
             ]
             for layer in range(L)
         ],
-        "metrics": {m: analysis.metrics[m].round(decimals=4).tolist() for m in metric_names},
-        "undefined": dict(analysis.undefined),
+        "metric_names": metric_names,
+        "metrics": {
+            m: analysis.metrics[m].round(decimals=4).tolist()
+            for m in metric_names
+            if m in analysis.metrics
+        },
+        "undefined": {m: why for m, why in analysis.undefined.items() if m in metric_names},
         "syntax": _syntax_rows(syntax, (L, H)),
         "open": list(opening_head(analysis, open_head)),
     }

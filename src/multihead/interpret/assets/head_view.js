@@ -146,14 +146,16 @@ window.MultiheadHeadView = window.MultiheadHeadView || (function () {
       } else {
         box.appendChild(el("p", "mhv-roles", "none passes its threshold on this text"));
       }
-      const names = Object.keys(D.metrics);
+      const names = D.metric_names;
       if (names.length) {
         box.appendChild(el("b", "", "Metrics on this text"));
         const table = el("table", "mhv-metrics");
         for (const m of names) {
           const tr = el("tr");
           tr.appendChild(el("td", "", m));
-          tr.appendChild(el("td", "", m in D.undefined ? "n/a" : fmt(D.metrics[m][l][h])));
+          const cell = el("td", "", m in D.undefined ? "n/a" : fmt(D.metrics[m][l][h]));
+          if (m in D.undefined) cell.title = D.undefined[m];  // why it is not defined here
+          tr.appendChild(cell);
           table.appendChild(tr);
         }
         box.appendChild(table);
