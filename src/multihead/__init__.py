@@ -18,6 +18,7 @@ _LAZY = {
     "attention": "functional",
     "load": "models.auto",
     "scaled_dot_product_attention": "functional",
+    "show": "interpret.head_view",
 }
 
 __all__ = [
@@ -28,12 +29,14 @@ __all__ = [
     "functional",
     "load",
     "scaled_dot_product_attention",
+    "show",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from . import functional
     from .factored_matrix import FactoredMatrix
     from .functional import attention, scaled_dot_product_attention
+    from .interpret.head_view import show
     from .models.auto import load
     from .modules import MultiHeadAttention
 
