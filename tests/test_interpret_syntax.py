@@ -283,3 +283,10 @@ def test_the_shipped_corpus_is_a_valid_varied_treebank():
     )  # a multiword token
     for s in sentences:  # the root is the only word without a head; punctuation hangs on words
         assert s.relations[s.heads.index(0)] == "root"
+    # each "# text =" line is the surface the words rebuild (spaces, multiword tokens)
+    texts = [
+        line[9:]
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.startswith("# text = ")
+    ]
+    assert texts == [s.text for s in sentences]
