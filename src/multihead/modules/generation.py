@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional import masks
-from ..hook_points import observed
+from ..hook_points import hooks_for, observed
 from ..value_checks import check_token_ids
 from .sampling import check_sampling, sample
 
@@ -81,7 +81,14 @@ def head_copy_for(model: CausalLM, rows: int, steps: int) -> Tensor | None:
 
 
 def _logits(model: CausalLM, h: Tensor, head: Tensor | None) -> Tensor:
-    return head_logits(h, model.head.weight if head is None else head, model.head.bias)
+    """Hidden states (B, T, C) -> the last position's logits (B, V). Under hooks, every
+    position's logits pass `hook_logits` first, as in `CausalLM.forward`, so a cache around
+    `generate` holds them by position like the other hook points."""
+    weight = model.head.weight if head is None else head
+    hooks = hooks_for(model)
+    if hooks is None:
+        return head_logits(h[:, -1], weight, model.head.bias)
+    return hooks("hook_logits", head_logits(h, weight, model.head.bias))[:, -1]
 
 
 def _prefill(
@@ -102,7 +109,7 @@ def _prefill(
         positions=positions,
         last_only=not observed(model),
     )
-    return _logits(model, h[:, -1], head)
+    return _logits(model, h, head)
 
 
 def _decode(
@@ -110,7 +117,7 @@ def _decode(
 ) -> Tensor:
     """One step: tokens (B, 1) at positions (B, 1) -> logits (B, V)."""
     h = model.hidden_states(token, caches=caches, positions=positions, last_only=True)
-    return _logits(model, h[:, -1], head)
+    return _logits(model, h, head)
 
 
 def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bool) -> dict:
