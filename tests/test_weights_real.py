@@ -63,8 +63,8 @@ def test_minilm_weights_circuits_and_activations(minilm):
 
 
 @pytest.mark.filterwarnings("ignore:center_writing_weights is skipped")
-def test_smollm2_folding_keeps_the_logits_and_reads_q_from_the_norm(smollm2_model):
-    model = smollm2_model
+def test_smollm2_folding_keeps_the_logits_and_reads_q_from_the_norm(smollm2):
+    model = smollm2
     ids = model.to_tokens("The capital of France is Paris, and the capital of Italy is")
     folded = copy.deepcopy(model).process_weights_()
     with torch.no_grad():

@@ -13,6 +13,7 @@ __version__ = "0.2.0"
 
 # public name -> the submodule that defines it
 _LAZY = {
+    "FactoredMatrix": "factored_matrix",
     "MultiHeadAttention": "modules",
     "attention": "functional",
     "load": "models.auto",
@@ -20,6 +21,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "FactoredMatrix",
     "MultiHeadAttention",
     "__version__",
     "attention",
@@ -30,6 +32,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from . import functional
+    from .factored_matrix import FactoredMatrix
     from .functional import attention, scaled_dot_product_attention
     from .models.auto import load
     from .modules import MultiHeadAttention

@@ -94,7 +94,7 @@ def run(
         peak = statistics.median(r["peak"] for r in runs)
         growth = statistics.median(r["peak"] - r["before"] for r in runs)
         size = runs[0]["size"]
-        cells = [f"{seconds:.1f}", f"{peak:.0f}", f"{growth:.0f}", f"{size:.0f}"]
+        cells = [f"{seconds:.2f}", f"{peak:.0f}", f"{growth:.0f}", f"{size:.1f}"]
         rows.append([library, dtype, *cells, f"{growth / size:.2f}x"])
     lines = [
         f"multihead bench load: {file.name} ({file.stat().st_size / 2**20:.0f} MB); each load "
