@@ -87,9 +87,9 @@ def test_window_cache_decoding_equals_the_full_forward():
 
 def test_large_module_call_runs_tiled_and_matches_dense():
     m = MultiHeadAttention(32, 4).eval()
-    x = torch.randn(1, 600, 32, requires_grad=True)
+    x = torch.randn(1, 1100, 32, requires_grad=True)
     got = m(x, causal=True, window=50)
-    want = m(x, causal=True, mask=masks.sliding_window(600, 600, 50))
+    want = m(x, causal=True, mask=masks.sliding_window(1100, 1100, 50))
     assert_close(got, want)
     (ga,) = torch.autograd.grad(got.sum(), x)
     (gb,) = torch.autograd.grad(want.sum(), x)
@@ -149,3 +149,16 @@ def test_documents_with_lengths_and_structure_with_a_static_cache_are_refused():
     cache = StaticKVCache(B, HKV, C // H, 16, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"window=, documents= and prefix= need keys in position"):
         m(torch.randn(B, 3, C, dtype=torch.float64), cache=cache, causal=True, window=2)
+
+
+def test_module_window_compiles_to_one_graph_for_every_length():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    m = MultiHeadAttention(C, H, num_kv_heads=HKV, causal=True).eval()
+    counter = CompileCounter()
+    f = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for t in (5, 9, 1100):  # 1100: large enough that eager mode runs the tiled backend
+        x = torch.randn(1, t, C)
+        torch.testing.assert_close(f(x, window=4), m(x, mask=masks.sliding_window(t, t, 4)))
+    assert counter.frame_count == 1

@@ -85,7 +85,9 @@ def select_backend(call: AttentionCall, name: str) -> Backend:
     """The backend that runs `call`: the named one (if it can), or the first able one for 'auto'."""
     if name == "auto":
         for backend in _ORDER:
-            if (backend.prefer is None or backend.prefer(call)) and not backend.why_not(call):
+            # why_not first: a backend that refuses (e.g. under tracing) never reaches its cost
+            # rule, whose size comparisons would be guards on symbolic shapes
+            if not backend.why_not(call) and (backend.prefer is None or backend.prefer(call)):
                 return backend
         every = {b.name: b.why_not(call) for b in _ORDER}
         raise ValueError(f"no attention backend can run this call: {every}")
