@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .dropout import check_seed
+from .input_agreement import DEFAULT_TIMEOUT, all_gather_within
 from .layout import LAYOUTS, Segment, check_layout, segments_from_lengths
 from .ring import Ring
 
@@ -227,8 +228,10 @@ def prepare(
     layout: object,
     bias_fn: object,
     block_size: object,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> RingSetup:
-    """Check this rank's inputs, agree with the other ranks, and plan the ring."""
+    """Check this rank's inputs, agree with the other ranks (within `timeout` seconds), and
+    plan the ring."""
     ring = check_group(group)
     error: Exception | None = None
     values = [0] * len(_AGREED)
@@ -259,8 +262,9 @@ def prepare(
         error = exc
     row = torch.tensor([int(error is not None), length, *values], dtype=torch.long)
     row = row.to(_comm_device(ring, q))
-    rows = [torch.empty_like(row) for _ in range(ring.size)]
-    dist.all_gather(rows, row, group=ring.group)
+    rows = all_gather_within(
+        row, ring.group, timeout=timeout, where="ring_attention", option="ring_attention"
+    )
     table = [r.tolist() for r in rows]  # one host sync per call: shapes and flags only
 
     failed = [i for i, r in enumerate(table) if r[0]]

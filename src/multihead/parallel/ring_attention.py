@@ -37,6 +37,7 @@ def ring_attention(
     layout: str = "contiguous",
     bias_fn: BiasFn | None = None,
     block_size: int = 512,
+    timeout: float = 300.0,
 ) -> Tensor:
     """This rank's chunk of `multihead.functional.attention()` over the whole sharded sequence.
 
@@ -61,6 +62,8 @@ def ring_attention(
             `(B, H, tq, tk)`, from GLOBAL positions (ALiBi, relative biases); added to the
             scores, -inf blocks. Called per tile in both passes; its output must not require grad.
         block_size: queries and keys per computed tile (bounds the scratch memory).
+        timeout: seconds the ranks wait for each other to agree on the inputs (a rank that
+            failed elsewhere and stays alive then ends the others with TimeoutError).
 
     Every rank must take part in the backward pass as well when gradients are needed. A query
     row that may attend to nothing returns zeros (output and gradients).
@@ -71,6 +74,7 @@ def ring_attention(
     setup = prepare(
         q, k, v, key_mask, group=group, causal=causal, scale=scale, dropout_p=dropout_p,
         dropout_seed=dropout_seed, layout=layout, bias_fn=bias_fn, block_size=block_size,
+        timeout=timeout,
     )  # fmt: skip
     return _RingAttention.apply(q, k, v, key_mask, setup)
 
