@@ -68,6 +68,18 @@ def failed_rank_stays_alive(rank: int, world: int) -> None:
     os._exit(0)
 
 
+def ring_rank_stays_alive(rank: int, world: int) -> None:
+    from multihead.parallel import ring_attention
+
+    q = torch.randn(1, 2, 4, 8)
+    if rank == 1:
+        time.sleep(8)
+    else:
+        expect(TimeoutError, ["ring_attention", "within 2 s"],
+               lambda: ring_attention(q, q, q, timeout=2.0))  # fmt: skip
+    os._exit(0)  # as above: no closing barrier on a group with a timed-out collective
+
+
 @pytest.mark.parametrize("check", [different_ids, different_lengths])
 def test_tensor_parallel_ranks_with_different_inputs_fail_on_every_rank(check):
     run_world(check, 2, timeout=120)
@@ -75,6 +87,10 @@ def test_tensor_parallel_ranks_with_different_inputs_fail_on_every_rank(check):
 
 def test_tensor_parallel_rank_that_never_arrives_times_out():
     run_world(failed_rank_stays_alive, 2, timeout=120)
+
+
+def test_ring_attention_rank_that_never_arrives_times_out():
+    run_world(ring_rank_stays_alive, 2, timeout=120)
 
 
 def test_timeout_must_be_positive():

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..functional.structure import check_integer_ids, check_window
 from .dropout import check_seed
+from .input_agreement import DEFAULT_TIMEOUT, all_gather_within
 from .layout import LAYOUTS, Segment, check_layout, segments_from_lengths
 from .ring import Ring
 
@@ -235,8 +236,10 @@ def prepare(
     block_size: object,
     window: object = None,
     documents: object = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> RingSetup:
-    """Check this rank's inputs, agree with the other ranks, and plan the ring."""
+    """Check this rank's inputs, agree with the other ranks (within `timeout` seconds), and
+    plan the ring."""
     ring = check_group(group)
     error: Exception | None = None
     values = [0] * len(_AGREED)
@@ -276,8 +279,9 @@ def prepare(
         error = exc
     row = torch.tensor([int(error is not None), length, *values], dtype=torch.long)
     row = row.to(_comm_device(ring, q))
-    rows = [torch.empty_like(row) for _ in range(ring.size)]
-    dist.all_gather(rows, row, group=ring.group)
+    rows = all_gather_within(
+        row, ring.group, timeout=timeout, where="ring_attention", option="ring_attention"
+    )
     table = [r.tolist() for r in rows]  # one host sync per call: shapes and flags only
 
     failed = [i for i, r in enumerate(table) if r[0]]

@@ -87,6 +87,27 @@ def _describe(row: list[int], tensors: list[tuple[str, Tensor]]) -> list[str]:
     return out
 
 
+def all_gather_within(
+    row: Tensor, group: dist.ProcessGroup, *, timeout: float, where: str, option: str
+) -> list[Tensor]:
+    """Every rank's `row` (same shape on all), or TimeoutError after `timeout` seconds when a
+    rank does not join (it failed elsewhere and stays alive): the entry points' bound on their
+    own agreement collective, far below the process group's default of 30 minutes."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"{option}: timeout must be a positive number of seconds, got {timeout!r}")
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    work = dist.all_gather(rows, row, group=group, async_op=True)
+    try:
+        assert work is not None
+        work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except RuntimeError as e:
+        raise TimeoutError(
+            f"{where}: not every rank arrived within {timeout:g} s (a rank failed or is "
+            f"elsewhere; set the limit with {option}(..., timeout=)): {e}"
+        ) from None
+    return rows
+
+
 def check_same_inputs(
     args: tuple, kwargs: dict, group: dist.ProcessGroup, *, timeout: float, where: str
 ) -> None:
@@ -94,17 +115,7 @@ def check_same_inputs(
     differs); TimeoutError when a rank does not join within `timeout` seconds."""
     tensors = _tensors(args, kwargs)
     row = _row(tensors, _device(group))
-    size = dist.get_world_size(group)
-    rows = [torch.empty_like(row) for _ in range(size)]
-    work = dist.all_gather(rows, row, group=group, async_op=True)
-    try:
-        assert work is not None
-        work.wait(timeout=datetime.timedelta(seconds=timeout))
-    except RuntimeError as e:
-        raise TimeoutError(
-            f"{where}: not every rank reached this forward within {timeout:g} s (a rank failed "
-            f"or is elsewhere; set the limit with tensor_parallel(..., timeout=)): {e}"
-        ) from None
+    rows = all_gather_within(row, group, timeout=timeout, where=where, option="tensor_parallel")
     table = [r.tolist() for r in rows]  # one host sync per forward: shapes and checksums only
     if all(r == table[0] for r in table):
         return

@@ -39,6 +39,7 @@ def ring_attention(
     block_size: int = 512,
     window: int | tuple[int, int] | None = None,
     documents: Tensor | None = None,
+    timeout: float = 300.0,
 ) -> Tensor:
     """This rank's chunk of `multihead.functional.attention()` over the whole sharded sequence.
 
@@ -70,6 +71,8 @@ def ring_attention(
             `attention(documents=)`): they travel round the ring with the keys, and a query
             attends only within its document. (prefix= has no ring form yet: a prefix-LM
             mask needs no travelling data, pass it as `bias_fn` returning -inf.)
+        timeout: seconds the ranks wait for each other to agree on the inputs (a rank that
+            failed elsewhere and stays alive then ends the others with TimeoutError).
 
     Every rank must take part in the backward pass as well when gradients are needed. A query
     row that may attend to nothing returns zeros (output and gradients).
@@ -81,6 +84,7 @@ def ring_attention(
         q, k, v, key_mask, group=group, causal=causal, scale=scale, dropout_p=dropout_p,
         dropout_seed=dropout_seed, layout=layout, bias_fn=bias_fn, block_size=block_size,
         window=window, documents=documents,
+        timeout=timeout,
     )  # fmt: skip
     return _RingAttention.apply(q, k, v, key_mask, documents, setup)
 

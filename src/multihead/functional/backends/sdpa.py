@@ -86,7 +86,9 @@ def _plain(call: AttentionCall, causal: bool) -> Tensor:
         scale=call.scale,
         enable_gqa=_gqa(q, k),
     )
-    if q.device.type == "cpu" and k.shape[2] < NAN_QUIRK_KEYS:
+    # Compiled, the correction is always applied (fused, nearly free): a test of the key count
+    # would guard a growing KV cache's length and recompile when it crosses the threshold.
+    if q.device.type == "cpu" and (torch.compiler.is_compiling() or k.shape[2] < NAN_QUIRK_KEYS):
         # torch's fused CPU kernel, unmasked and with fewer than 16 keys, returns 0 for a query
         # row holding NaN (the math backend, and every other case, return NaN): add 0 * the
         # row's max, NaN exactly when the row holds NaN (max propagates NaN, cannot overflow).
