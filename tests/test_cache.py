@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from multihead import MultiHeadAttention
-from multihead.cache import CrossKVCache, KVCache
 from multihead.functional import masks
+from multihead.modules.cache import CrossKVCache, KVCache
 from multihead.positional import ALiBi, RotaryEmbedding
 
 B, T, C, H = 2, 9, 24, 6

@@ -13,12 +13,12 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounter
 
 from multihead import MultiHeadAttention, attention
-from multihead.cache import KVCache
 from multihead.functional import masks
 from multihead.models.bert import BertConfig, BertEncoder
 from multihead.modules import CausalLM, LMConfig, TransformerBlock
+from multihead.modules.cache import KVCache
+from multihead.modules.static_cache import StaticKVCache
 from multihead.positional import ALiBi, RotaryEmbedding
-from multihead.static_cache import StaticKVCache
 
 # Distinct sizes: batch 2, heads 6 (kv 2 or 3), width 30, head 5 -> RoPE needs even: width 36,
 # head 6. Sequence lengths avoid every other size, so no coincidence specialises a graph.

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from multihead.cache import CrossKVCache, KVCache
 from multihead.modules import (
     CausalLM,
     EncoderDecoder,
@@ -12,6 +11,7 @@ from multihead.modules import (
     StackConfig,
     TransformerBlock,
 )
+from multihead.modules.cache import CrossKVCache, KVCache
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from multihead import MultiHeadAttention, attention
-from multihead.cache import CrossKVCache, KVCache
 from multihead.functional import varlen_attention
+from multihead.modules.cache import CrossKVCache, KVCache
 from multihead.positional import ALiBi, RotaryEmbedding
 
 from conftest import assert_close

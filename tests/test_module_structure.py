@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from multihead import MultiHeadAttention, attention
-from multihead.cache import KVCache
 from multihead.functional import masks
 from multihead.modules.block import TransformerBlock
+from multihead.modules.cache import KVCache
 from multihead.modules.lm import CausalLM, LMConfig
-from multihead.static_cache import StaticKVCache
+from multihead.modules.static_cache import StaticKVCache
 
 from conftest import assert_close
 

@@ -5,8 +5,8 @@ import torch
 
 from multihead import MultiHeadAttention
 from multihead.functional import masks
+from multihead.modules.static_cache import StaticKVCache
 from multihead.positional import ALiBi, RotaryEmbedding
-from multihead.static_cache import StaticKVCache
 
 B, T, C, H, D = 2, 9, 24, 6, 4
 

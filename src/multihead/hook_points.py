@@ -221,7 +221,7 @@ def hooks_for(module: Any) -> ModuleHooks | None:
     return found[0] if len(found) == 1 else ModuleHooks.merge(found)
 
 
-def observed(model: nn.Module) -> bool:
+def observed(model: Any) -> bool:
     """Whether a session open in this context covers any module of `model` (calls that run a
     model several times, `SentenceEncoder.encode` and `generate`, then run it the way the
     hooks can see: one text at a time, no compiled steps)."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..cache import KVCache
 from ..modules import MultiHeadAttention
+from ..modules.cache import KVCache
 from ..table import format_table
 from .timing import measure
 

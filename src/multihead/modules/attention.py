@@ -18,7 +18,6 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from ..cache import CrossKVCache, KeySet, KVCache
 from ..functional.attention import dispatch
 from ..functional.call import check_dropout, check_flag, check_mask, default_scale, make_call
 from ..functional.masks import combine
@@ -27,6 +26,7 @@ from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
 from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, WEIGHT_POINTS, attend, head_results
 from .attention_inputs import Inputs, batch_inputs, check_key_mask, check_positions
+from .cache import CrossKVCache, KeySet, KVCache
 from .projections import (
     PackedWeights,
     heads_first,

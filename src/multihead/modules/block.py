@@ -22,11 +22,11 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from ..cache import CrossKVCache, KVCache
 from ..functional.varlen import VarLen
 from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
 from .attention import MultiHeadAttention
+from .cache import CrossKVCache, KVCache
 from .feedforward import FeedForward, SwiGLU
 from .norm import make_norm
 from .split_inputs import SPLIT_INPUT_POINTS, split_inputs, wants_split_inputs

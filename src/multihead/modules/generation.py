@@ -18,7 +18,7 @@ Shapes: prompt_ids (B, P); attention_mask (B, P); logits (B, V); tokens (B,).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +30,36 @@ from ..value_checks import check_token_ids
 from .sampling import check_sampling, sample
 
 if TYPE_CHECKING:
-    from ..cache import KVCache
-    from ..static_cache import StaticKVCache
-    from .lm import CausalLM
+    from torch import nn
+
+    from .cache import KVCache
+    from .static_cache import StaticKVCache
 
     Caches = Sequence[KVCache | StaticKVCache]
+
+
+class CausalLM(Protocol):
+    """What generation reads of a model (`modules.lm.CausalLM` is the one that ships): its
+    config, its head, its caches and its final hidden states. A protocol rather than an import
+    of the class, which itself imports this module for its `generate` methods."""
+
+    config: Any
+    head: nn.Linear
+
+    def make_caches(
+        self, batch_size: int, max_length: int | None = None, *, static: bool = False
+    ) -> Any: ...
+
+    def hidden_states(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        caches: Caches | None = None,
+        positions: Tensor | None = None,
+        last_only: bool = False,
+    ) -> Tensor: ...
+
 
 # Below this many new tokens, a re-laid-out copy of the head costs more than it saves.
 MIN_STEPS_FOR_HEAD_COPY = 32

@@ -12,19 +12,19 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..cache import KVCache
 from ..functional import masks
 from ..hook_points import hooks_for
 from ..positional import ALiBi, LearnedPositions, PositionScheme, RopeScaling, RotaryEmbedding
-from ..static_cache import StaticKVCache
 from ..value_checks import check_below, check_token_ids
 from . import generation
 from .attention import MultiHeadAttention
 from .attention_inputs import check_positions
 from .block import TransformerBlock, make_blocks
+from .cache import KVCache
 from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
+from .static_cache import StaticKVCache
 from .text import TextMethods, caches_as, is_text
 from .weights import ModelWeights
 

@@ -9,11 +9,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..cache import CrossKVCache, KVCache
 from ..hook_points import hooks_for
 from ..positional import SinusoidalPositions
 from .attention import MultiHeadAttention
 from .block import make_blocks
+from .cache import CrossKVCache, KVCache
 from .init import init_weights
 from .norm import make_norm
 from .weights import ModelWeights

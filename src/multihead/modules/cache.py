@@ -4,8 +4,8 @@ KVCache (self-attention): appends each call's keys/values (B, Hkv, T, D) and han
 to attend over, with a key mask (B, Tk) that remembers padding. `max_length` preallocates
 (static: no reallocation per token); `window` keeps only the last W keys (sliding window).
 CrossKVCache: keys/values of an encoder output, computed at the first call and reused.
-StaticKVCache (`multihead.static_cache`): fixed shapes, written at index tensors, for compiled
-decoding and CUDA graphs.
+StaticKVCache (`multihead.modules.static_cache`): fixed shapes, written at index tensors,
+for compiled decoding and CUDA graphs.
 
 The attention module talks to a cache through two methods (a protocol; any object with them
 works): `next_positions(T, device)` (RoPE positions of the next T tokens) and `keys_for(...)`

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..value_checks import values_readable
 from .cache import KeySet, _positive_int, _SelfAttentionCache
-from .value_checks import values_readable
 
 
 class StaticKVCache(_SelfAttentionCache):
