@@ -6,8 +6,8 @@ from .cache import CrossKVCache, KVCache
 from .feedforward import FeedForward, SwiGLU
 from .lm import CausalLM, LMConfig
 from .norm import RMSNorm
-from .static_cache import StaticKVCache
 from .stacks import Decoder, Encoder, EncoderDecoder, StackConfig
+from .static_cache import StaticKVCache
 
 __all__ = [
     "CausalLM",

@@ -15,17 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import cast
 
-import torch
 from torch import Tensor, nn
 
 from ..functional.attention import dispatch
-from ..functional.call import check_dropout, check_flag, check_mask, default_scale, make_call
+from ..functional.call import check_dropout, check_flag, check_mask, make_call
 from ..functional.masks import combine
-from ..functional.varlen import VarLen, varlen_dispatch
+from ..functional.varlen import VarLen
 from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
-from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, WEIGHT_POINTS, attend, head_results
-from .attention_inputs import Inputs, batch_inputs, check_key_mask, check_positions
+from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, attend, head_results
+from .attention_inputs import Inputs, batch_inputs, check_key_mask, narrowest, positive_int
+from .attention_packed import forward_packed, refuse_with_lengths
+from .attention_positions import position_bias, rotate_by_position
 from .cache import CrossKVCache, KeySet, KVCache
 from .projections import (
     PackedWeights,
@@ -37,25 +38,6 @@ from .projections import (
     split_fused,
 )
 from .weights import AttentionWeights
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _narrowest(
-    window: int | tuple[int, int] | None, cached: int | None
-) -> int | tuple[int, int] | None:
-    """The caller's window and a cache's together (each side the narrower of the two)."""
-    if window is None or cached is None:
-        return window if cached is None else cached
-    if isinstance(window, int):
-        return min(window, cached)
-    if isinstance(window, (tuple, list)) and len(window) == 2:
-        return (min(window[0], cached - 1), min(window[1], cached - 1))
-    return window  # malformed: make_call names it
 
 
 class MultiHeadAttention(AttentionWeights, nn.Module):
@@ -107,9 +89,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        embed_dim = _positive_int("embed_dim", embed_dim)
-        num_heads = _positive_int("num_heads", num_heads)
-        num_kv_heads = _positive_int(
+        embed_dim = positive_int("embed_dim", embed_dim)
+        num_heads = positive_int("num_heads", num_heads)
+        num_kv_heads = positive_int(
             "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads
         )
         if num_heads % num_kv_heads != 0:
@@ -121,9 +103,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                     "when head_dim is not given"
                 )
             head_dim = embed_dim // num_heads
-        head_dim = _positive_int("head_dim", head_dim)
-        kdim = _positive_int("kdim", embed_dim if kdim is None else kdim)
-        vdim = _positive_int("vdim", embed_dim if vdim is None else vdim)
+        head_dim = positive_int("head_dim", head_dim)
+        kdim = positive_int("kdim", embed_dim if kdim is None else kdim)
+        vdim = positive_int("vdim", embed_dim if vdim is None else vdim)
         self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dropout = check_dropout(dropout, "dropout")
@@ -207,10 +189,10 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         causal = self.causal if causal is None else check_flag("causal", causal)
         hooks = hooks_for(self)
         if lengths is not None:
-            self._refuse_with_lengths(
+            refuse_with_lengths(
                 key, value, mask, key_mask, cache, positions, return_weights, structure
             )
-            return self._forward_packed(query, VarLen.of(lengths), causal, hooks)
+            return forward_packed(self, query, VarLen.of(lengths), causal, hooks)
         weight = self.out_proj.weight
         if (
             key is None
@@ -245,11 +227,11 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             keys.k,
             keys.v,
             mask=mask,
-            bias=None if self.position is None else self._bias(Tq, keys),
+            bias=None if self.position is None else position_bias(self.position, Tq, keys),
             causal=keys.causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
-            window=_narrowest(window, keys.window),
+            window=narrowest(window, keys.window),
             documents=documents,
             prefix=prefix,
             qkv_checked=True,  # shaped here from checked inputs
@@ -340,7 +322,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
         self_cache = cast("KVCache | None", cache)  # a cross cache was served above
         if self.position is not None or positions is not None:
-            q, k = self._rotate(q, k, x, self_cache, positions, hooks)
+            q, k = rotate_by_position(self.position, q, k, x, self_cache, positions, hooks)
         if self_cache is not None:
             if not x.self_attention:
                 raise ValueError(
@@ -348,54 +330,6 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 )
             return q, self_cache.keys_for(self, k, v, key_mask, causal)
         return q, KeySet(k, v, key_mask, None, causal, k.shape[2] - q.shape[2])
-
-    def _rotate(
-        self,
-        q: Tensor,
-        k: Tensor,
-        x: Inputs,
-        cache: KVCache | None,
-        positions: Tensor | None,
-        hooks: ModuleHooks | None,
-    ) -> tuple[Tensor, Tensor]:
-        """Rotate this call's queries and keys by their positions (when the scheme does)."""
-        scheme = self.position
-        if scheme is None or not scheme.uses_positions:
-            if positions is not None:
-                what = "no position scheme" if scheme is None else type(scheme).__name__
-                raise ValueError(
-                    f"positions were given but this attention has {what}, which does not use "
-                    "them (RoPE does)"
-                )
-            return q, k
-        if not x.self_attention:
-            raise ValueError(
-                f"{type(scheme).__name__} applies to self-attention; this call attends to "
-                "other keys"
-            )
-        B, _, T, _ = q.shape
-        if positions is None:  # after the cached tokens, or from 0
-            positions = (
-                torch.arange(T, device=q.device)
-                if cache is None
-                else cache.next_positions(T, q.device)
-            )
-        else:
-            positions = check_positions(positions, B, T, q.device)
-        q, k = scheme.rotate(q, k, positions)
-        if hooks is not None:
-            q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
-        return q, k
-
-    def _bias(self, tq: int, keys: KeySet) -> Tensor | None:
-        """The position scheme's additive bias over (query slots, key slots), if it has one."""
-        assert self.position is not None
-        device = keys.k.device
-        q_index = torch.arange(tq, device=device) + keys.first_slot
-        k_index = keys.key_slots
-        if k_index is None:
-            k_index = torch.arange(keys.k.shape[2], device=device)
-        return self.position.bias(q_index, k_index)
 
     # -- step 4: merge heads, output projection -----------------------------------------------
 
@@ -410,78 +344,3 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         B, H, Tq, Dv = out.shape
         # (B, H, Tq, Dv) -> (B, Tq, H * Dv): free when the kernel wrote (B, Tq, H, Dv), as SDPA does
         return linear(self.out_proj, out.transpose(1, 2).reshape(B, Tq, H * Dv))
-
-    # -- packed sequences ---------------------------------------------------------------------
-
-    @staticmethod
-    def _refuse_with_lengths(
-        key, value, mask, key_mask, cache, positions, return_weights, structure
-    ) -> None:
-        unsupported = {
-            **structure,
-            "key": key,
-            "value": value,
-            "mask": mask,
-            "key_mask": key_mask,
-            "cache": cache,
-            "positions": positions,
-            "return_weights": return_weights or None,
-        }
-        given = [name for name, arg in unsupported.items() if arg is not None]
-        if given:
-            raise ValueError(
-                f"{', '.join(given)} cannot be combined with lengths: packed sequences are "
-                "self-attention in which each sequence attends to itself only"
-            )
-
-    def _forward_packed(
-        self, query: Tensor, packed: VarLen, causal: bool, hooks: ModuleHooks | None
-    ) -> Tensor:
-        """Packed self-attention: query (N, C) -> (N, C). Positions restart at 0 in each
-        sequence (RoPE rotates by them; a bias scheme biases each run by its own slots)."""
-        if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != self.embed_dim:
-            got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
-            raise ValueError(
-                f"with lengths, query must be packed tokens (N, {self.embed_dim}), got {got}"
-            )
-        if not self.packed:
-            raise ValueError(
-                f"lengths need self-attention (kdim == vdim == embed_dim), this module has "
-                f"kdim={self.kdim}, vdim={self.vdim}, embed_dim={self.embed_dim}"
-            )
-        if hooks is not None and (hooks.observers or any(p in hooks for p in WEIGHT_POINTS)):
-            raise ValueError(
-                "attention weights (hook_pattern, hook_attn_scores, capture) need padded input "
-                "(B, T) with a key_mask; packed sequences (lengths=) have no (T, T) pattern"
-            )
-        packed.check(query, "query")
-        x = query[None]  # (1, N, C): the projections see one long row of tokens
-        q, k, v = self._project(x, x, x, True)  # (1, heads, N, D)
-        if hooks is not None:  # shown as (1, N, heads, D): one row of all packed tokens
-            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
-        bias = None
-        if self.position is not None:
-            if self.position.uses_positions:
-                q, k = self.position.rotate(q, k, packed.positions(query.device))
-                if hooks is not None:
-                    q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
-            scheme = self.position
-
-            def bias(length: int) -> Tensor | None:  # (1, H, L, L) for one run
-                slots = torch.arange(length, device=query.device)
-                return scheme.bias(slots, slots)
-
-        # (1, heads, N, D) -> (N, heads, D): views
-        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
-        out = varlen_dispatch(
-            q,
-            k,
-            v,
-            packed,
-            causal,
-            default_scale(self.head_dim),
-            self.dropout if self.training else 0.0,
-            bias=bias,
-        )
-        # (N, H, Dv) -> (1, H, N, Dv): the padded layout of one row, for the shared output step
-        return self._output(out.transpose(0, 1)[None], hooks)[0]

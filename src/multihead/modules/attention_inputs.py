@@ -137,3 +137,22 @@ def batch_inputs(
         if isinstance(key_mask, Tensor) and key_mask.dim() == 1:
             key_mask = key_mask[None]
     return Inputs(query, key, value, key_mask, self_attention, unbatched)
+
+
+def positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def narrowest(
+    window: int | tuple[int, int] | None, cached: int | None
+) -> int | tuple[int, int] | None:
+    """The caller's window and a cache's together (each side the narrower of the two)."""
+    if window is None or cached is None:
+        return window if cached is None else cached
+    if isinstance(window, int):
+        return min(window, cached)
+    if isinstance(window, (tuple, list)) and len(window) == 2:
+        return (min(window[0], cached - 1), min(window[1], cached - 1))
+    return window  # malformed: make_call names it
