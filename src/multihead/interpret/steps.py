@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .activation_cache import ActivationCache
+
 POSITIONS, SEQUENCES = "positions", "sequences"
 WEIGHT_FILL = {"hook_pattern": 0.0, "hook_attn_scores": float("-inf")}
 
@@ -61,8 +63,6 @@ def combine(call: Any, store: dict[str, list[Tensor]], model: nn.Module | None =
     """The cache (or caches) of one `run_with_cache` call from each hook point's activations
     in the order they were seen; `model` (the hooked module) goes with each cache for its
     residual-stream algebra."""
-    from .hooks import ActivationCache
-
     kind = getattr(call, "cache_steps", None)
     if isinstance(call, nn.Module) or (kind is None and all(len(a) == 1 for a in store.values())):
         return ActivationCache({name: acts[-1] for name, acts in store.items()}, model)

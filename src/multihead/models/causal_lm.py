@@ -8,19 +8,13 @@ import torch
 
 from ..modules.lm import CausalLM
 from .checkpoint import open_checkpoint, read_json
+from .families import CAUSAL_LM_FAMILIES
 from .fields import unsupported_architecture
-from .gpt2 import GPT2
-from .llama import LLAMA
-from .loading import Family, load_model
+from .loading import load_model
 from .source import resolve_model
 from .text import ModelTokenizer
 
-CAUSAL_LM_FAMILIES: dict[str, Family] = {
-    "gpt2": GPT2,
-    "llama": LLAMA,
-    "mistral": LLAMA,
-    "qwen2": LLAMA,
-}
+__all__ = ["CAUSAL_LM_FAMILIES", "load_causal_lm"]
 
 
 def load_causal_lm(

@@ -6,7 +6,7 @@ Shape legend: N packed tokens, C embed_dim, H heads, D head_dim, L one run's len
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -15,9 +15,6 @@ from ..functional.call import default_scale
 from ..functional.varlen import VarLen, varlen_dispatch
 from ..hook_points import ModuleHooks
 from .attend import WEIGHT_POINTS
-
-if TYPE_CHECKING:
-    from .attention import MultiHeadAttention
 
 
 def refuse_with_lengths(
@@ -42,9 +39,10 @@ def refuse_with_lengths(
 
 
 def forward_packed(
-    self: MultiHeadAttention, query: Tensor, packed: VarLen, causal: bool, hooks: ModuleHooks | None
+    self: Any, query: Tensor, packed: VarLen, causal: bool, hooks: ModuleHooks | None
 ) -> Tensor:
-    """Packed self-attention: query (N, C) -> (N, C). Positions restart at 0 in each
+    """Packed self-attention of `self`, a MultiHeadAttention (typed Any: that module imports
+    this one): query (N, C) -> (N, C). Positions restart at 0 in each
     sequence (RoPE rotates by them; a bias scheme biases each run by its own slots)."""
     if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != self.embed_dim:
         got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...modules.lm import CausalLM
+from ..families import CAUSAL_LM_FAMILIES
 from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
 from ..llama.gguf import llama_gguf_config, llama_gguf_names
 from .checkpoint import GGUFCheckpoint, GGUFNames
@@ -63,7 +64,6 @@ def load_gguf_causal_lm(
     """The model in a GGUF file, carrying the tokenizer its metadata describes as
     `model.tokenizer` (a `ModelTokenizer`; None when the file has none). `dtype` None: float32
     for quantised weights, else the stored float dtype."""
-    from ..causal_lm import CAUSAL_LM_FAMILIES  # causal_lm imports this module
     from ..loading import load_model
 
     file, meta, config = read_gguf(path)
