@@ -21,21 +21,16 @@ import html
 import json
 import secrets
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 
 from .analysis import Analysis
-from .report_html import WEIGHT_UNIT, opening_head, pack_weights
+from .report_html import WEIGHT_UNIT, asset, opening_head, pack_weights
 
 MAX_TOKENS = 128
 # Metrics listed in a head's details, when the analysis has them.
 DETAIL_METRICS = ("previous", "next", "self", "special", "punctuation", "entropy_norm")
 
 SyntaxScores = Mapping[tuple[int, int], Mapping[str, float]]
-
-
-def _asset(name: str) -> str:
-    return (resources.files("multihead.interpret") / "assets" / name).read_text("utf-8")
 
 
 def _syntax_rows(syntax: SyntaxScores | None, shape: tuple[int, int]) -> dict[str, dict]:
@@ -136,7 +131,7 @@ def render_head_view(data: dict) -> str:
     i = data["id"]
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     notes = "".join(f'<p class="mhv-note">{html.escape(n)}</p>' for n in data["notes"])
-    return f"""<style>{_asset("head_view.css")}</style>
+    return f"""<style>{asset("head_view.css")}</style>
 <div class="mhv" id="{i}">
 {notes}<div class="mhv-main">
   <div class="mhv-gridbox"><div class="mhv-grid" id="{i}-grid"></div>
@@ -146,7 +141,8 @@ def render_head_view(data: dict) -> str:
   <div class="mhv-details" id="{i}-details"></div>
 </div>
 </div>
-<script>{_asset("head_view.js")}</script>
+<script>{asset("common.js")}</script>
+<script>{asset("head_view.js")}</script>
 <script>MultiheadHeadView.render({payload});</script>"""
 
 

@@ -46,7 +46,8 @@ TABLE_METRICS = (
 WEIGHT_UNIT = 1e-4
 
 
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
+    """The text of one of the package's report assets (interpret/assets/)."""
     return (resources.files("multihead.interpret") / "assets" / name).read_text("utf-8")
 
 
@@ -118,7 +119,7 @@ def render_html(data: dict) -> str:
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     title = html.escape(data["title"])
     notes = "".join(f'<p class="mh-note">{html.escape(n)}</p>' for n in data["notes"])
-    return f"""<style>{_asset("report.css")}</style>
+    return f"""<style>{asset("report.css")}</style>
 <div class="mh-report" id="{i}">
 <h2 title="{title}">{title}</h2>
 {notes}<div class="mh-bar">
@@ -141,7 +142,8 @@ def render_html(data: dict) -> str:
 <div class="mh-scroll"><table id="{i}-table"></table></div>
 <div class="mh-tip" id="{i}-tip"></div>
 </div>
-<script>{_asset("report.js")}</script>
+<script>{asset("common.js")}</script>
+<script>{asset("report.js")}</script>
 <script>MultiheadReport.render({payload});</script>"""
 
 

@@ -1,27 +1,11 @@
 // multihead head view: layer x head grid, attention lines of a hovered token, a clicked head's
-// roles, metrics and syntax scores. No network, no library: everything this file needs is here.
+// roles, metrics and syntax scores. No network, no library: this file and common.js.
 window.MultiheadHeadView = window.MultiheadHeadView || (function () {
   "use strict";
   const SVG = "http://www.w3.org/2000/svg";
   const THUMB = 40;  // thumbnail side in pixels: keys and queries max-pooled down to it
 
-  async function unpack(b64, n, unit) {  // report_html.pack_weights, reversed
-    const bin = atob(b64), bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
-    const planes = new Uint8Array(await new Response(stream).arrayBuffer());
-    if (planes.length !== 2 * n) throw new Error(`weights: expected ${2 * n} bytes, got ${planes.length}`);
-    const out = new Float32Array(n);
-    for (let i = 0; i < n; i++) out[i] = (planes[i] * 256 + planes[n + i]) * unit;  // high, low
-    return out;
-  }
-
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
+  const {unpack, el} = window.MultiheadCommon;  // common.js, inlined before this file
 
   function svgEl(tag, attrs) {
     const e = document.createElementNS(SVG, tag);

@@ -24,23 +24,7 @@
   const lut = (w) => 3 * Math.min(255, Math.max(0, Math.round(Math.sqrt(w) * 255)));
   const FUTURE = [222, 222, 222];  // a key after the query in a causal pattern: not attended
 
-  async function unpack(b64, n, unit) {
-    const bin = atob(b64), bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
-    const planes = new Uint8Array(await new Response(stream).arrayBuffer());
-    if (planes.length !== 2 * n) throw new Error(`weights: expected ${2 * n} bytes, got ${planes.length}`);
-    const out = new Float32Array(n);
-    for (let i = 0; i < n; i++) out[i] = (planes[i] * 256 + planes[n + i]) * unit;  // high, low
-    return out;
-  }
-
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
+  const {unpack, el} = window.MultiheadCommon;  // common.js, inlined before this file
 
   // The RGB of a cell: its weight's colour, or grey for a key a causal query cannot see.
   function rgb(w, future) {
