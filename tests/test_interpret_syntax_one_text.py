@@ -44,19 +44,19 @@ def attention(rows_per_head):
 
 
 def test_hits_ties_and_the_baseline_on_one_text():
-    # head 0: each dependent looks at its head (the -> cat, cat -> sat, a -> dog, dog -> ran);
-    # head 1: the same, but with less weight on the targets than head 0 (ties on hits, after it)
+    # head 1: each dependent looks at its head (the -> cat, cat -> sat, a -> dog, dog -> ran);
+    # head 0: the same, but with less weight on the targets (ties on hits, and comes after it)
     # head 2: every word looks at the word before it (cat -> the, dog -> a: head->dependent)
     up = {1: {2: 0.4}, 2: {3: 0.4}, 5: {6: 0.4}, 6: {7: 0.4}}
     weak = {q: {k: 0.2 for k in keys} for q, keys in up.items()}
     before = {q: {q - 1: 0.3} for q in range(2, 8)}
-    result = score_text(TEXT, attention([up, weak, before]), GROUPS, causal=False, parser="p")
+    result = score_text(TEXT, attention([weak, up, before]), GROUPS, causal=False, parser="p")
     rows = {(r.relation, r.direction): r for r in result.rows}
     assert set(rows) == {
         (rel, d) for rel in ("det", "nsubj") for d in ("dependent->head", "head->dependent")
     }
     det_up = rows["det", "dependent->head"]
-    assert (det_up.count, det_up.hits, det_up.heads) == (2, 2, ((0, 0), (0, 1)))
+    assert (det_up.count, det_up.hits, det_up.heads) == (2, 2, ((0, 1), (0, 0)))
     assert det_up.per_head.tolist() == [[2, 2, 0]]
     assert (det_up.baseline_offset, det_up.baseline_hits, det_up.margin) == (1, 2, 0)
     # head->dependent: "cat" -> "the" and "dog" -> "a" are one to the left: head 2 alone
