@@ -286,22 +286,54 @@ def test_no_section_with_parser_none_or_without_a_pipeline(
     assert "--parser" in err and "parsing text needs spaCy: pip install 'multihead[syntax]'" in err
 
 
-@pytest.fixture
-def installed_english_pipeline(spacy_parser_path, tmp_path, monkeypatch):
-    """The trained pipeline installed as the package en_core_web_sm: a module whose load()
-    loads it, and the distribution metadata spaCy looks for."""
-    site = tmp_path / "site"
+def install_english_pipeline(site, monkeypatch, load_body):
+    """A package en_core_web_sm under `site` whose load() runs `load_body`, with the
+    distribution metadata spaCy looks for, on sys.path."""
     package = site / "en_core_web_sm"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(
-        f"import spacy\n\ndef load(**overrides):\n    return spacy.load({str(spacy_parser_path)!r}, **overrides)\n"
+        f"import spacy\n\ndef load(**overrides):\n    {load_body}\n"
     )
     info = site / "en_core_web_sm-0.0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: en_core_web_sm\nVersion: 0.0.1\n")
     monkeypatch.syspath_prepend(str(site))
+
+
+@pytest.fixture
+def installed_english_pipeline(spacy_parser_path, tmp_path, monkeypatch):
+    """The trained pipeline installed as the package en_core_web_sm."""
+    load = f"return spacy.load({str(spacy_parser_path)!r}, **overrides)"
+    install_english_pipeline(tmp_path / "site", monkeypatch, load)
     yield
     sys.modules.pop("en_core_web_sm", None)
+
+
+def test_an_installed_pipeline_that_fails_to_load_is_a_note(gpt2, tmp_path, capsys, monkeypatch):
+    install_english_pipeline(tmp_path / "site", monkeypatch, "raise OSError('its data is gone')")
+    try:
+        section, printed = inspect_json([TEXT, "--model", str(gpt2)], tmp_path, capsys)
+    finally:
+        sys.modules.pop("en_core_web_sm", None)
+    assert section is None
+    assert (
+        "\nSyntax roles: none; en_core_web_sm is installed but could not be used (the spaCy "
+        "pipeline 'en_core_web_sm' is installed but could not be loaded (its data is gone); "
+        "reinstall it with python -m spacy download en_core_web_sm)\n" in printed
+    )
+
+
+def test_a_word_no_token_covers_is_a_note(spacy_parser_path, tmp_path, capsys):
+    from helpers_bert import save_bert
+
+    save_bert(tmp_path / "bert")  # its normaliser drops the zero-width space
+    args = ["the cat \u200b sat on the mat .", "--model", str(tmp_path / "bert")]
+    section, printed = inspect_json([*args, "--parser", str(spacy_parser_path)], tmp_path, capsys)
+    assert section is None
+    assert (
+        "\nSyntax roles: none; the text could not be scored (the tokenizer maps '\\u200b'"
+        in printed
+    )
 
 
 def test_an_installed_english_pipeline_is_used_unless_turned_off(

@@ -154,10 +154,10 @@ def run(args) -> int:
     from ..interpret.analysis import analyze
 
     analysis = analyze(subject, texts, max_tokens=args.max_tokens, progress=progress)
-    syntax = inspect_syntax.compute(pipeline, subject, texts[0], args.max_tokens, analysis)
+    syntax, note = inspect_syntax.compute(pipeline, subject, texts[0], args.max_tokens, analysis)
     progress.done()
     print_summary(args, analysis, L, H, subject.max_positions)
-    inspect_syntax.print_section(syntax, pipeline, args.top)
+    inspect_syntax.print_section(syntax, note, args.top)
 
     item = analysis.texts[0]
     title = f"{args.model}: {item.text}" + ("…" if item.truncated else "")

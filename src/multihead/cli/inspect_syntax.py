@@ -26,7 +26,7 @@ def add_argument(parser) -> None:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pipeline:
     """The spaCy pipeline chosen, or why there is none (`note`, printed in its place)."""
 
@@ -60,15 +60,15 @@ def choose_pipeline(args) -> Pipeline:
         return Pipeline(note=f"{name} is installed but could not be used ({e})")
 
 
-def compute(pipeline: Pipeline, subject, text: str, max_tokens, analysis):
-    """The section for `text` (its attention taken from `analysis`), or None with the reason
-    in `pipeline.note` when the text cannot be scored (e.g. a word no token covers)."""
+def compute(pipeline: Pipeline, subject, text: str, max_tokens, analysis) -> tuple[Any, str]:
+    """The section for `text` (its attention taken from `analysis`) or None, and a note saying
+    why there is none where the user would expect one (e.g. a word no token covers)."""
     if pipeline.nlp is None:
-        return None
+        return None, pipeline.note
     from ..interpret.syntax.one_text import text_syntax
 
     try:
-        return text_syntax(
+        section = text_syntax(
             subject,
             text,
             pipeline.nlp,
@@ -77,8 +77,8 @@ def compute(pipeline: Pipeline, subject, text: str, max_tokens, analysis):
             attention=analysis.texts[0].attn,
         )
     except ValueError as e:
-        pipeline.note = f"the text could not be scored ({e})"
-        return None
+        return None, f"the text could not be scored ({e})"
+    return section, ""
 
 
 def _heads(row) -> str:
@@ -89,10 +89,10 @@ def _heads(row) -> str:
     return shown + (f" (+{more} more)" if more > 0 else "")
 
 
-def print_section(section, pipeline: Pipeline, top: int) -> None:
+def print_section(section, note: str, top: int) -> None:
     if section is None:
-        if pipeline.note:
-            print(f"\nSyntax roles: none; {pipeline.note}")
+        if note:
+            print(f"\nSyntax roles: none; {note}")
         return
     print(
         f"\nSyntax roles on this text (parsed by {section.parser}; one text, so counts are "

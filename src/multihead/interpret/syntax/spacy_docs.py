@@ -109,9 +109,14 @@ def load_parser(name: str):
                 f"{name!r} is no spaCy pipeline: no such file or directory; {how_to_get_one()}"
             ) from None
         if is_path:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ParserUnavailable(
-                f"no spaCy pipeline could be loaded from {name!r} ({first}); {how_to_get_one()}"
+                f"no spaCy pipeline could be loaded from {name!r} ({_first_line(e)}); "
+                f"{how_to_get_one()}"
+            ) from None
+        if spacy.util.is_package(name):  # installed (spacy.load's test); its data is not usable
+            raise ParserUnavailable(
+                f"the spaCy pipeline {name!r} is installed but could not be loaded "
+                f"({_first_line(e)}); reinstall it with python -m spacy download {name}"
             ) from None
         installed = sorted(spacy.util.get_installed_models())
         have = f"installed: {', '.join(installed)}" if installed else "none is installed"
@@ -125,6 +130,11 @@ def load_parser(name: str):
             f"{', '.join(nlp.pipe_names) or 'none'})"
         )
     return nlp
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def parse_texts(texts: Sequence[str], parser: str) -> list[Sentence]:
