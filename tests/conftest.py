@@ -48,3 +48,13 @@ def smollm2(smollm2_gguf_path):
     from multihead.models import load_causal_lm
 
     return load_causal_lm(smollm2_gguf_path, dtype=torch.float32)
+
+
+# A real spaCy pipeline with a dependency parser, trained on part of the shipped corpus in a
+# few seconds (spaCy's English pipelines cannot be installed here), loaded by path.
+@pytest.fixture(scope="session")
+def spacy_parser_path(tmp_path_factory):
+    pytest.importorskip("spacy")
+    from helpers_spacy import train_parser
+
+    return train_parser(tmp_path_factory.mktemp("spacy-parser"))

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from ..table import format_table
+from . import inspect_syntax
 from .errors import UsageError
 from .inputs import check_text_argument, lines_of, read_stdin, read_text_file
 from .model_dir import DEFAULT_MODEL, ModelDir, check_model, load_subject
@@ -20,7 +21,9 @@ HELP = "show what every head of a model attends to in TEXT, and write a report"
 DESCRIPTION = (
     "Run the model on TEXT, print the most clearly specialised heads with their measured roles "
     "(those measured on the text apart from those measured on repeated random tokens), and "
-    "write a report: HTML (default), PNG or JSON, chosen by --format or the -o suffix."
+    "write a report: HTML (default), PNG or JSON, chosen by --format or the -o suffix. With a "
+    "spaCy pipeline (--parser, or an installed English one), also which heads find each "
+    "dependency relation of TEXT."
 )
 FORMATS = ("html", "png", "json")
 SHOWN_TOKENS = 40  # tokens printed in the header line
@@ -63,6 +66,7 @@ def add_arguments(parser) -> None:
         help="rows per section: one per kind of role, then the strongest other heads up to N "
         "(default 12); sinks are summarised in one line",
     )
+    inspect_syntax.add_argument(parser)
 
 
 def load_for_inspection(model: ModelDir):
@@ -136,6 +140,7 @@ def run(args) -> int:
         output = check_writable(args.output)
     if fmt == "png" and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--format png needs matplotlib: pip install 'multihead[report]'")
+    pipeline = inspect_syntax.choose_pipeline(args)  # a bad --parser fails before the model loads
     progress = Progress()
     progress.status(f"checking {args.model}…")
     model = check_model(args.model)
@@ -149,8 +154,10 @@ def run(args) -> int:
     from ..interpret.analysis import analyze
 
     analysis = analyze(subject, texts, max_tokens=args.max_tokens, progress=progress)
+    syntax, note = inspect_syntax.compute(pipeline, subject, texts[0], args.max_tokens, analysis)
     progress.done()
     print_summary(args, analysis, L, H, subject.max_positions)
+    inspect_syntax.print_section(syntax, note, args.top)
 
     item = analysis.texts[0]
     title = f"{args.model}: {item.text}" + ("…" if item.truncated else "")
@@ -158,13 +165,15 @@ def run(args) -> int:
         title = f"{args.model}: {len(texts)} texts of {args.corpus} (the first shown)"
     focus = (args.layer, args.head) if args.layer is not None else None
     progress.status(f"writing {fmt.upper()} report…")
-    write_report(analysis, output, fmt, title=title, focus=focus, model=args.model)
+    write_report(analysis, output, fmt, title=title, focus=focus, model=args.model, syntax=syntax)
     progress.done()
     print(f"report: {output.resolve()}")
     return 0
 
 
-def write_report(analysis, output: Path, fmt: str, *, title: str, focus, model: str) -> None:
+def write_report(
+    analysis, output: Path, fmt: str, *, title: str, focus, model: str, syntax=None
+) -> None:
     if fmt == "html":
         from ..interpret.report_html import HTMLReport
 
@@ -181,7 +190,7 @@ def write_report(analysis, output: Path, fmt: str, *, title: str, focus, model: 
     else:
         from ..interpret.report_json import to_json
 
-        data = to_json(analysis, model=model)
+        data = to_json(analysis, model=model, syntax=syntax)
         write_atomic(output, lambda f: f.write(data.encode("utf-8")))
 
 

@@ -38,7 +38,10 @@ def add_arguments(parser) -> None:
         "--model", default=DEFAULT_MODEL, help=f"model directory or name (default {DEFAULT_MODEL})"
     )
     parser.add_argument(
-        "--parser", metavar="NAME", help="spaCy pipeline that parses a plain-text CORPUS"
+        "--parser",
+        metavar="NAME_OR_PATH",
+        help="spaCy pipeline that parses a plain-text CORPUS (a package name or a directory "
+        "written by nlp.to_disk)",
     )
     parser.add_argument(
         "--relations",
@@ -80,7 +83,9 @@ def read_sentences(args):
             raise UsageError(f"CORPUS {str(path)!r} holds no text")
         try:
             return parse_texts(lines, args.parser)
-        except (ParserUnavailable, CorpusError) as e:
+        except ParserUnavailable as e:
+            raise UsageError(f"--parser {args.parser!r}: {e}") from None
+        except CorpusError as e:
             raise UsageError(str(e)) from None
     if not any("\t" in line for line in text.splitlines() if not line.startswith("#")):
         raise UsageError(

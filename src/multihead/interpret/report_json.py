@@ -9,20 +9,33 @@ back, shape (layers, heads, query, key). A role's "source" says where it was mea
 "causal": true marks a causal LM's patterns: keys after the query hold 0 because the head
 cannot see them (not because it chose not to). Metrics such a pattern does not define are null,
 with the reason under "undefined". "sinks" names the tokens the "special" metric measured and
-"sink_positions" where they are; "special" marks the special tokens."""
+"sink_positions" where they are; "special" marks the special tokens.
+
+"syntax" (null when no spaCy pipeline parsed the text): the text's words with their heads
+(1-based, 0 = a sentence's root) and labels as the pipeline gave them, and per relation and
+direction the scored pairs ("count"), the best heads' "hits", every head with that many
+("heads", [layer, head], the one with most attention on the targets first), the best fixed
+offset and its hits, and every head's hits ("per_head", layers x heads); see
+`multihead.interpret.syntax.one_text`."""
 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .analysis import Analysis
 
+if TYPE_CHECKING:
+    from .syntax.one_text import TextSyntax
+
 WEIGHT_UNIT = 1e-4
 
 
-def to_json(analysis: Analysis, *, text_index: int = 0, model: str = "") -> str:
+def to_json(
+    analysis: Analysis, *, text_index: int = 0, model: str = "", syntax: TextSyntax | None = None
+) -> str:
     item = analysis.texts[text_index]
     L, H = analysis.shape
     T = len(item.tokens)
@@ -74,6 +87,7 @@ def to_json(analysis: Analysis, *, text_index: int = 0, model: str = "") -> str:
                 ]
                 for row in analysis.roles
             ],
+            "syntax": None if syntax is None else syntax.to_json(),
         },
         ensure_ascii=False,
         separators=(",", ":"),

@@ -6,6 +6,7 @@ corpus, against the best fixed-offset baseline, with bootstrap intervals (Clark 
   align      words <-> tokens from the tokenizer's offsets
   scoring    word-level attention, predictions, tallies, baseline, bootstrap (pure)
   run        syntax_scores(model, sentences): the glue, and the JSON contract
+  one_text   text_syntax(model, text, nlp): the same scores on one text (`inspect --parser`)
 """
 
 from .align import AlignmentError
@@ -17,6 +18,7 @@ from .corpus import (
     read_conllu,
     shipped_corpus,
 )
+from .one_text import TextRelation, TextSyntax, score_text, text_syntax
 from .run import SyntaxResult, encode_sentence, score_attention, syntax_scores
 from .scoring import (
     DIRECTIONS,
@@ -34,6 +36,8 @@ __all__ = [
     "RelationScore",
     "Sentence",
     "SyntaxResult",
+    "TextRelation",
+    "TextSyntax",
     "best_offset",
     "bootstrap_interval",
     "check_tree",
@@ -42,7 +46,9 @@ __all__ = [
     "predictions",
     "read_conllu",
     "score_attention",
+    "score_text",
     "shipped_corpus",
     "syntax_scores",
+    "text_syntax",
     "word_attention",
 ]
