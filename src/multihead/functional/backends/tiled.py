@@ -23,7 +23,9 @@ from ..call import AttentionCall
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
+from .tile_band import band_backward, band_forward, band_plan
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
+from .tile_segments import segment_plan, segments_backward, segments_forward
 
 # Below this many (query, key) pairs per head, sdpa under the dense mask (at most 1 MB of
 # booleans) is as cheap as tiling or cheaper (measured: documents of 64 tokens at T = 512
@@ -58,11 +60,21 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     structure = call.structure
     B, H, tq, _ = q.shape
     tk = k.shape[2]
-    rows = plan_tiles(structure, call.causal, B, H, tq, tk, block_size(structure))
+    # Two common shapes skip the general plan: a causal window alone runs as one batched
+    # kernel call over a band (tile_band.py; the plan keeps the blocks it leaves: the first
+    # few, a short last one), documents in contiguous runs as one call per document
+    # (tile_segments.py).
+    fused = kernel_runs(q)
+    band = band_plan(structure, call.causal, mask, bias, q, k) if fused else None
+    segments = segment_plan(structure, mask, bias, q, k) if fused else None
+    block = band.block if band is not None else block_size(structure)
+    rows = [] if segments is not None else plan_tiles(structure, call.causal, B, H, tq, tk, block)
+    if band is not None:
+        rows = [row for i, row in enumerate(rows) if not band.first <= i < band.stop]
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
-    setup = (rows, structure, call.causal, call.scale)
+    setup = (rows, band, segments, structure, call.causal, call.scale)
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
     return out, None
@@ -91,13 +103,17 @@ def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, tq,
 
 
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
-    rows, structure, causal, scale = setup
+    rows, band, segments, structure, causal, scale = setup
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     acc = accumulation_dtype(q.dtype)
     out = torch.zeros(B, H, tq, v.shape[3], dtype=acc, device=q.device)
     lse = torch.full((B, H, tq), NEG_INF, dtype=acc, device=q.device)
     fused = kernel_runs(q)
+    if band is not None:
+        band_forward(q, k, v, band, scale, out, lse)
+    if segments is not None:
+        segments_forward(q, k, v, segments, causal, scale, out, lse)
     for tiles in rows:
         for n, tile in enumerate(tiles):
             allowed, bias_t, diagonal = _tile_masks(
@@ -144,10 +160,9 @@ class _Tiled(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
-        rows, structure, causal, scale = ctx.setup
+        rows, band, segments, structure, causal, scale = ctx.setup
         acc = accumulation_dtype(q.dtype)
         tq, tk = q.shape[2], k.shape[2]
-        delta = (grad_out.to(acc) * out.to(acc)).sum(dim=-1)  # (B, H, Tq): rowsum(dO * O)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
@@ -155,6 +170,12 @@ class _Tiled(torch.autograd.Function):
         dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
         fused = kernel_runs(q) and not want_bias  # the kernel gives no score gradient
         grad_out = grad_out.contiguous()
+        # (B, H, Tq): rowsum(dO * O), which the plain tiles need (the kernel finds its own)
+        delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
+        if band is not None:
+            band_backward(q, k, v, grad_out, out, lse, band, scale, dq, dk, dv)
+        if segments is not None:
+            segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
         for tiles in rows:
             for tile in tiles:
                 allowed, bias_t, diagonal = _tile_masks(
@@ -171,6 +192,7 @@ class _Tiled(torch.autograd.Function):
                     dk[:, :, c] += dk_t
                     dv[:, :, c] += dv_t
                     continue
+                assert delta is not None
                 dq_t, dk_t, dv_t = tile_backward(
                     q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], lse[:, :, r],
                     delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t, keep=None,

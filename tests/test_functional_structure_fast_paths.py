@@ -1,0 +1,152 @@
+"""The tiled backend's two fast paths against the fp64 textbook reference: a causal window alone
+(one batched kernel call over a band, tile_band.py) and documents in contiguous runs (one kernel
+call per document, tile_segments.py). Each case also checks the path was taken (or not),
+so a plan change cannot silently send these shapes back to the general tile loop."""
+
+import pytest
+import torch
+
+from multihead import attention
+from multihead.functional.backends import tiled as tiled_backend
+
+from conftest import assert_close
+from reference import reference_attention
+
+D = 8
+
+
+def window_mask(T, W):
+    """(1, 1, T, T): query i sees keys i - W + 1 .. i (from the definition)."""
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    return ((j <= i) & (j > i - W))[None, None]
+
+
+def document_mask(ids, causal):
+    """(B, 1, T, T): same document (and causal inside it)."""
+    ids = torch.as_tensor(ids)
+    same = ids[:, :, None] == ids[:, None, :]
+    if causal:
+        same = same & torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+    return same[:, None]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts calls of the fast paths' forward and backward functions."""
+    calls = {"band": 0, "band_backward": 0, "segments": 0, "segments_backward": 0}
+
+    def wrap(name, key):
+        real = getattr(tiled_backend, name)
+
+        def counted(*args, **kwargs):
+            calls[key] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tiled_backend, name, counted)
+
+    wrap("band_forward", "band")
+    wrap("band_backward", "band_backward")
+    wrap("segments_forward", "segments")
+    wrap("segments_backward", "segments_backward")
+    return calls
+
+
+def check(out, ref, inputs, dtype):
+    assert_close(out, ref, dtype)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    got = torch.autograd.grad((out * g.to(out.dtype)).sum(), inputs)
+    want = torch.autograd.grad((ref * g).sum(), inputs)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, dtype)
+
+
+def qkv(B, H, Hkv, T, dtype):
+    return (
+        torch.randn(B, H, T, D, dtype=dtype, requires_grad=True),
+        torch.randn(B, Hkv, T, D, dtype=dtype, requires_grad=True),
+        torch.randn(B, Hkv, T, D, dtype=dtype, requires_grad=True),
+    )
+
+
+@pytest.mark.parametrize("T, W", [(100, 2), (130, 3), (257, 33), (300, 64), (300, 100), (400, 129)])
+@pytest.mark.parametrize("hkv", [4, 2])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_causal_window_runs_as_one_band(spy, T, W, hkv, dtype):
+    q, k, v = qkv(2, 4, hkv, T, dtype)
+    out = attention(q, k, v, causal=True, window=W, backend="tiled")
+    assert spy["band"] == 1
+    ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
+    check(out, ref, (q, k, v), dtype)
+    assert spy["band_backward"] == 1
+
+
+def test_a_window_with_a_key_mask_or_cross_lengths_takes_the_general_plan(spy):
+    q, k, v = qkv(1, 2, 2, 200, torch.float64)
+    key_mask = torch.ones(1, 1, 1, 200, dtype=torch.bool)
+    key_mask[..., :7] = False
+    out = attention(q, k, v, causal=True, window=40, mask=key_mask, backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=window_mask(200, 40) & key_mask)
+    check(out, ref, (q, k, v), torch.float64)
+    q2 = q[:, :, -150:].detach().requires_grad_()
+    out = attention(q2, k, v, causal=True, window=40, backend="tiled")
+    ref, _ = reference_attention(q2, k, v, mask=window_mask(200, 40)[..., -150:, :])
+    check(out, ref, (q2, k, v), torch.float64)
+    assert spy["band"] == 0
+
+
+def test_a_bidirectional_window_takes_the_general_plan(spy):
+    q, k, v = qkv(1, 2, 2, 200, torch.float64)
+    out = attention(q, k, v, window=(30, 10), backend="tiled")
+    i, j = torch.arange(200)[:, None], torch.arange(200)[None, :]
+    ref, _ = reference_attention(q, k, v, mask=((j >= i - 30) & (j <= i + 10))[None, None])
+    check(out, ref, (q, k, v), torch.float64)
+    assert spy["band"] == 0
+
+
+DOCS = [
+    [0] * 37 + [1] * 100 + [2] * 63,  # unequal runs
+    [5] * 199 + [9],  # a one-token document at the end
+]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hkv", [4, 1])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_contiguous_documents_run_one_call_each(spy, causal, hkv, dtype):
+    q, k, v = qkv(2, 4, hkv, 200, dtype)
+    out = attention(q, k, v, causal=causal, documents=torch.tensor(DOCS), backend="tiled")
+    assert spy["segments"] == 1
+    ref, _ = reference_attention(q, k, v, mask=document_mask(DOCS, causal))
+    check(out, ref, (q, k, v), dtype)
+    assert spy["segments_backward"] == 1
+
+
+def test_a_document_in_two_runs_takes_the_general_plan(spy):
+    ids = [[0] * 50 + [1] * 50 + [0] * 100, [2] * 200]  # document 0 comes back
+    q, k, v = qkv(2, 2, 2, 200, torch.float64)
+    out = attention(q, k, v, causal=True, documents=torch.tensor(ids), backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=document_mask(ids, True))
+    check(out, ref, (q, k, v), torch.float64)
+    assert spy["segments"] == 0
+
+
+def test_documents_with_a_window_take_the_general_plan(spy):
+    ids = [[0] * 120 + [1] * 80]
+    q, k, v = qkv(1, 2, 2, 200, torch.float64)
+    out = attention(q, k, v, causal=True, window=50, documents=torch.tensor(ids), backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=document_mask(ids, True) & window_mask(200, 50))
+    check(out, ref, (q, k, v), torch.float64)
+    assert spy["segments"] == 0 and spy["band"] == 0
+
+
+def test_nan_in_a_value_reaches_the_rows_whose_window_holds_it_and_no_far_row(spy):
+    q, k, v = (t.detach() for t in qkv(1, 2, 2, 300, torch.float32))
+    v[0, :, 150] = float("nan")
+    out = attention(q, k, v, causal=True, window=64, backend="tiled")
+    assert spy["band"] == 1
+    rows = out.isnan().any(dim=-1)[0, 0]  # (T,)
+    assert rows[150 : 150 + 64].all()  # queries 150 .. 213 attend to key 150
+    # Inside a block's band a blocked NaN value spreads as 0 * NaN (as in the dense backends,
+    # where it reaches every row); rows more than a block (32 rows here) away never meet it.
+    assert not rows[: 150 - 32].any() and not rows[150 + 64 + 32 :].any()
