@@ -72,6 +72,32 @@ def test_batch_with_different_prompt_lengths_left_padded():
         torch.testing.assert_close(torch.cat(steps, 1)[i], alone)
 
 
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_key_mask_after_unmasked_calls_keeps_the_earlier_keys_real(static, window):
+    """The cache keeps no mask until a call passes one; from then on the keys stored before
+    count as real and the new call's padding is honoured."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, H, num_kv_heads=2, causal=True).double()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    key_mask = torch.ones(B, T, dtype=torch.bool)
+    key_mask[1, 6] = False  # one padded key in the third chunk of row 1
+    allowed = masks.causal(T) & key_mask[:, None, None, :]
+    if window is not None:
+        allowed = allowed & masks.sliding_window(T, T, window)
+    full = m(x, mask=allowed)
+    cache = KVCache(B, 2, 4, window=window, max_length=T if static else None, dtype=torch.float64)
+    steps = [3, 2, 2, 1, 1]  # masks from the third chunk on
+    outs, start = [], 0
+    for i, size in enumerate(steps):
+        km = None if i < 2 else key_mask[:, start : start + size]
+        outs.append(m(x[:, start : start + size], cache=cache, key_mask=km))
+        start += size
+    got = torch.cat(outs, dim=1)
+    keep = key_mask.clone()  # padded query rows are not compared (they attend as any row)
+    torch.testing.assert_close(got[keep], full[keep])
+
+
 def test_cross_attention_memory_is_projected_once(monkeypatch):
     torch.manual_seed(0)
     m = MultiHeadAttention(C, H, kdim=10, vdim=10).double()

@@ -236,25 +236,22 @@ def make_call(
         mask = check_mask(mask, target, q.device)
     if bias is not None:
         bias = check_bias(bias, target, q.device)
-    causal = check_flag("causal", causal)
+    if causal is not True and causal is not False:  # (identity tests: the common case is free)
+        check_flag("causal", causal)
     structure = None
     if window is not None or documents is not None or prefix is not None:
         structure = check_structure(
             window, documents, prefix, causal=causal, batch=B, tq=Tq, tk=k.shape[2],
             device=q.device,
         )  # fmt: skip
+    if return_weights is not True and return_weights is not False:
+        check_flag("return_weights", return_weights)
+    if type(dropout_p) is not float or dropout_p != 0.0:
+        dropout_p = check_dropout(dropout_p)
     return AttentionCall(
-        q,
-        k,
-        v,
-        mask,
-        bias,
-        causal,
-        resolve_scale(scale, D, scale_rule),
-        check_dropout(dropout_p),
-        check_flag("return_weights", return_weights),
-        structure,
-    )
+        q, k, v, mask, bias, causal, resolve_scale(scale, D, scale_rule), dropout_p,
+        return_weights, structure,
+    )  # fmt: skip
 
 
 def dense_call(call: AttentionCall) -> AttentionCall:

@@ -169,30 +169,48 @@ class KVCache(_SelfAttentionCache):
         mask, so the fused kernel runs without a mask)."""
         self._check(k, v, key_mask)
         T = k.shape[2]
-        new_mask = (
-            torch.ones(self.batch_size, T, dtype=torch.bool, device=k.device)
-            if key_mask is None
-            else key_mask.to(torch.bool)
-        )
         # Decided from the call's structure, never from mask values (no host sync, traceable):
-        # until a call passes a key mask, calls run unmasked on the fused kernel.
+        # until a call passes a key mask, no mask is kept or handed out (every stored key is
+        # real), and calls run unmasked on the fused kernel.
+        if key_mask is not None and not self._padded:
+            self._start_mask()
         self._padded = self._padded or key_mask is not None
+        new_mask = None
+        if self._padded:
+            new_mask = (
+                torch.ones(self.batch_size, T, dtype=torch.bool, device=k.device)
+                if key_mask is None
+                else key_mask.to(torch.bool)
+            )
         if self.max_length is None:
             self._append_dynamic(k, v, new_mask)
         else:
             self._append_static(k, v, new_mask)
         self.length += T
-        assert self._k is not None and self._v is not None and self._mask is not None
+        assert self._k is not None and self._v is not None
         n = self._stored
-        keys, values, mask = self._k[:, :, :n], self._v[:, :, :n], self._mask[:, :n]
+        # (narrow: one op; indexing with slices costs several times more per decode step)
+        keys, values = self._k.narrow(2, 0, n), self._v.narrow(2, 0, n)
+        mask = None if not self._padded or self._mask is None else self._mask[:, :n]
         if self.window is not None:  # this call's queries need up to window - 1 earlier keys
             keep = min(n, self.window - 1 + T)
-            keys, values, mask = (
-                keys[:, :, n - keep :],
-                values[:, :, n - keep :],
-                mask[:, n - keep :],
+            keys, values = keys[:, :, n - keep :], values[:, :, n - keep :]
+            mask = None if mask is None else mask[:, n - keep :]
+        return keys, values, mask
+
+    def _start_mask(self) -> None:
+        """The first key mask: every key stored so far is real (the buffer of a static cache
+        held nothing meaningful until now; a dynamic cache had none)."""
+        B, n = self.batch_size, self._stored
+        if self.max_length is None:  # (no keys yet: the first append brings the mask)
+            self._mask = (
+                None
+                if self._k is None
+                else torch.ones(B, n, dtype=torch.bool, device=self._k.device)
             )
-        return keys, values, (mask if self._padded else None)
+        else:
+            assert self._mask is not None
+            self._mask[:, :n] = True
 
     def keys_for(
         self, module: object, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool
@@ -206,18 +224,22 @@ class KVCache(_SelfAttentionCache):
         # a long prefill into a window cache builds no (T, Tk) mask.
         return KeySet(keys, values, mask, None, causal, Tk - T, window=self.window)
 
-    def _append_dynamic(self, k: Tensor, v: Tensor, mask: Tensor) -> None:
+    def _append_dynamic(self, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
         if self._k is None:
-            self._k, self._v, self._mask = k, v, mask
+            self._k, self._v = k, v
+            if mask is not None:
+                self._mask = mask
         else:
-            assert self._v is not None and self._mask is not None
+            assert self._v is not None
             keep = self._stored if self.window is None else min(self._stored, self.window - 1)
             self._k = torch.cat([self._k[:, :, self._stored - keep :], k], dim=2)
             self._v = torch.cat([self._v[:, :, self._stored - keep :], v], dim=2)
-            self._mask = torch.cat([self._mask[:, self._stored - keep :], mask], dim=1)
+            if mask is not None:
+                assert self._mask is not None
+                self._mask = torch.cat([self._mask[:, self._stored - keep :], mask], dim=1)
         self._stored = self._k.shape[2]
 
-    def _append_static(self, k: Tensor, v: Tensor, mask: Tensor) -> None:
+    def _append_static(self, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
         assert self._k is not None and self._v is not None and self._mask is not None
         if self._k.device != k.device:
             raise ValueError(f"the cache is on {self._k.device}, got keys on {k.device}")
@@ -232,19 +254,23 @@ class KVCache(_SelfAttentionCache):
             s = self._stored
             self._k[:, :, :keep] = self._k[:, :, s - keep : s].clone()
             self._v[:, :, :keep] = self._v[:, :, s - keep : s].clone()
-            self._mask[:, :keep] = self._mask[:, s - keep : s].clone()
+            if mask is not None:
+                self._mask[:, :keep] = self._mask[:, s - keep : s].clone()
             self._stored = keep
         s = self._stored
-        self._k[:, :, s : s + T] = k
-        self._v[:, :, s : s + T] = v
-        self._mask[:, s : s + T] = mask
+        self._k.narrow(2, s, T).copy_(k)
+        self._v.narrow(2, s, T).copy_(v)
+        if mask is not None:
+            self._mask[:, s : s + T] = mask
         self._stored = s + T
 
     def reorder(self, rows: Tensor) -> None:
         """Keep rows (B,) of the batch, in that order (beam search, dropping finished rows)."""
-        if self._k is None or self._v is None or self._mask is None:
+        if self._k is None or self._v is None:
             raise ValueError("reorder() needs a cache that holds keys")
-        self._k, self._v, self._mask = self._k[rows], self._v[rows], self._mask[rows]
+        self._k, self._v = self._k[rows], self._v[rows]
+        if self._mask is not None:
+            self._mask = self._mask[rows]
         self.batch_size = self._k.shape[0]
 
 

@@ -51,10 +51,13 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
 
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     q, k, v, mask, bias, causal, scale, dropout_p, _, _ = call
-    gqa = _gqa(q, k)
     tq, tk = q.shape[2], k.shape[2]
-    if mask is None and bias is None and (not causal or tq == tk):
-        # No row can be empty, and top-left/bottom-right causality coincide: the kernel does all.
+    if mask is None and bias is None and (not causal or tq == tk or tq == 1):
+        # No row can be empty, and top-left/bottom-right causality coincide (or one query, the
+        # last position, sees every key: a decode step): the kernel does all. (A branch, not
+        # `causal and tq != 1`: SDPA's flag must be a Python bool, never a symbolic one.)
+        if tq == 1:
+            causal = False
         return _plain(call, causal), None
     if causal and tq * tk * q.shape[0] > CHUNK_ELEMENTS:  # (mask or bias is set here)
         rows = _chunk_rows(call)
@@ -63,7 +66,7 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     allowed = allowed_mask(call)
     if allowed is None and bias is None:  # e.g. one causal query, which sees every key
         return _plain(call, causal=False), None
-    return _fused(q, k, v, allowed, bias, scale, dropout_p, gqa), None
+    return _fused(q, k, v, allowed, bias, scale, dropout_p, _gqa(q, k)), None
 
 
 def _gqa(q: Tensor, k: Tensor) -> bool:
@@ -78,17 +81,12 @@ def _gqa(q: Tensor, k: Tensor) -> bool:
 def _plain(call: AttentionCall, causal: bool) -> Tensor:
     q, k, v = call.q, call.k, call.v
     out = _sdpa(
-        q,
-        k,
-        v,
-        dropout_p=call.dropout_p,
-        is_causal=causal,
-        scale=call.scale,
+        q, k, v, dropout_p=call.dropout_p, is_causal=causal, scale=call.scale,
         enable_gqa=_gqa(q, k),
-    )
+    )  # fmt: skip
     # Compiled, the correction is always applied (fused, nearly free): a test of the key count
     # would guard a growing KV cache's length and recompile when it crosses the threshold.
-    if q.device.type == "cpu" and (torch.compiler.is_compiling() or k.shape[2] < NAN_QUIRK_KEYS):
+    if q.is_cpu and (torch.compiler.is_compiling() or k.shape[2] < NAN_QUIRK_KEYS):
         # torch's fused CPU kernel, unmasked and with fewer than 16 keys, returns 0 for a query
         # row holding NaN (the math backend, and every other case, return NaN): add 0 * the
         # row's max, NaN exactly when the row holds NaN (max propagates NaN, cannot overflow).
