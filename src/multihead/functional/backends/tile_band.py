@@ -12,7 +12,7 @@ Why one masked band and not the exact split (an edge triangle, a full middle, a 
 triangle, merged by log-sum-exp; the general tile plan does that per block): torch's kernel
 is slow on small causal tiles (measured, fwd + bwd per pair, 1 thread: a 128 x 128 causal
 tile 34 ns, 128 x 384 without causality 11 ns, a 4096-long causal call 8 ns), so the band's
-(L + b) / W = 1.5x pairs at W = 256 cost less than the exact pairs in small tiles.
+(L + b) / W = 1.25x pairs at W = 256 (b = 64) cost less than the exact pairs in small tiles.
 
 Blocks whose band would reach before key 0, and a last block shorter than b, are left to the
 general tile plan (`tiled.py` runs them; `BandPlan.first` / `stop` say which blocks are here).
@@ -33,7 +33,7 @@ KERNEL_DTYPES = (torch.float32, torch.float64)
 # The band's key gradients come back as one (n, L + b, D) tensor per head: (L + b) / b copies
 # of k. Wide windows get larger blocks to keep that to a few copies.
 MAX_BAND_BLOCKS = 6
-CHUNK_ELEMENTS = 2**20  # key-gradient elements per backward call (4 MB in fp32)
+CHUNK_ELEMENTS = 2**19  # key-gradient elements per backward call (2 MB in fp32)
 
 
 class BandPlan(NamedTuple):
@@ -55,7 +55,7 @@ def band_block(left: int) -> int:
     """b: 128 rows where the window is at least that wide (the kernel's rate drops on smaller
     tiles), a power of two between 32 and L for narrower ones, larger for wide windows."""
     b = 32
-    while b * 2 <= min(left, 128):
+    while b * 2 <= min(left, 64):
         b *= 2
     while (left + b) > MAX_BAND_BLOCKS * b:
         b *= 2
@@ -122,8 +122,9 @@ def band_forward(q, k, v, plan: BandPlan, scale: float, out: Tensor, lse: Tensor
 
 
 def _add_band(grad: Tensor, band: Tensor, plan: BandPlan) -> None:
-    """Add per-block key gradients band (B, Hkv, n, L + b, D) into grad (B, Hkv, T, D) at keys
-    q0 - L + c, where consecutive blocks' bands overlap."""
+    """Per-block key gradients band (B, Hkv, n, L + b, D) into grad (B, Hkv, T, D) at keys
+    q0 - L + c: each block's first b keys written (they tile the range once), the rest added
+    (consecutive blocks' bands overlap there)."""
     b, n = plan.block, plan.stop - plan.first
     s0 = plan.first * b - plan.left
     st = grad.stride()
@@ -135,17 +136,39 @@ def _add_band(grad: Tensor, band: Tensor, plan: BandPlan) -> None:
             (st[0], st[1], b * st[2], st[2], st[3]),
             grad.storage_offset() + (s0 + j) * st[2],
         )
-        dst += band[:, :, :, j : j + w]
+        if j == 0:
+            dst.copy_(band[:, :, :, :w])
+        else:
+            dst += band[:, :, :, j : j + w]
+
+
+def band_gradient_buffers(q, k, v, plan: BandPlan, dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """dq (B, H, T, D), dk, dv (B, Hkv, T, D) for `band_backward` to write into: zeros only
+    where it does not write first (the general plan's rows of dq; the keys before the band's
+    first run and after its last one of dk and dv), so most of them are never filled twice."""
+    dq, dk, dv = (torch.empty(t.shape, dtype=dtype, device=q.device) for t in (q, k, v))
+    dq[:, :, : plan.rows.start].zero_()
+    dq[:, :, plan.rows.stop :].zero_()
+    for grad in (dk, dv):
+        grad[:, :, : plan.first * plan.block - plan.left].zero_()
+        grad[:, :, plan.stop * plan.block - plan.left :].zero_()
+    return dq, dk, dv
 
 
 def band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq, dk, dv):
-    """Add the planned blocks' shares of dq (B, H, T, D), dk, dv (B, Hkv, T, D), from the
-    global out (B, H, T, Dv) and lse (B, H, T), a few blocks per kernel call: the kernel's
-    band-sized key gradients then stay a few MB (measured: one call over every block spent a
-    sixth of its time filling fresh buffers)."""
+    """Write the planned blocks' rows of dq (B, H, T, D) and add their shares of dk, dv
+    (B, Hkv, T, D) (see `band_gradient_buffers`), from the global out (B, H, T, Dv) and lse
+    (B, H, T), a few blocks per kernel call: the kernel's band-sized key gradients then stay a
+    few MB (measured: one call over every block spent a sixth of its time filling fresh
+    buffers).
+
+    Each block's first b keys (q0 - L ..) tile the keys q0_first - L .. q0_stop - L once, so
+    they are written, not added; the rest of its band is added. Chunks run last to first, so
+    a chunk's additions land on keys a later chunk (run before) or itself has written."""
     B, H, _, _ = q.shape
     per_call = max(1, CHUNK_ELEMENTS // (B * H * plan.width * q.shape[3]))
-    for first in range(plan.first, plan.stop, per_call):
+    starts = range(plan.first, plan.stop, per_call)
+    for first in reversed(starts):
         chunk = plan._replace(first=first, stop=min(plan.stop, first + per_call))
         _band_backward(q, k, v, grad_out, out, lse, chunk, scale, dq, dk, dv)
 
@@ -159,7 +182,7 @@ def _band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq
         _blocks(out.to(q.dtype), plan), lse[:, :, plan.rows].reshape(B * H, n, b), 0.0, False,
         attn_mask=_band_mask(plan, q.dtype, q.device), scale=scale,
     )  # fmt: skip
-    dq[:, :, plan.rows] += dq_t.reshape(B, H, n * b, -1)
+    dq[:, :, plan.rows] = dq_t.reshape(B, H, n * b, -1)
     for grad, g in ((dk, dk_t), (dv, dv_t)):
         g = g.view(B, Hkv, H // Hkv, n, plan.width, -1)
         _add_band(grad, g.sum(dim=2) if H != Hkv else g[:, :, 0], plan)

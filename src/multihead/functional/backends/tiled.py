@@ -23,7 +23,7 @@ from ..call import AttentionCall
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
-from .tile_band import band_backward, band_forward, band_plan
+from .tile_band import band_backward, band_forward, band_gradient_buffers, band_plan
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_segments import segment_plan, segments_backward, segments_forward
 
@@ -69,12 +69,14 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
     block = band.block if band is not None else block_size(structure)
     rows = [] if segments is not None else plan_tiles(structure, call.causal, B, H, tq, tk, block)
+    # (query block index, its tiles): the fast paths leave the general plan some blocks or none
+    indexed = [(i, row) for i, row in enumerate(rows)]
     if band is not None:
-        rows = [row for i, row in enumerate(rows) if not band.first <= i < band.stop]
+        indexed = [(i, row) for i, row in indexed if not band.first <= i < band.stop]
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
-    setup = (rows, band, segments, structure, call.causal, call.scale)
+    setup = (indexed, block, band, segments, structure, call.causal, call.scale)
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
     return out, None
@@ -103,18 +105,23 @@ def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, tq,
 
 
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
-    rows, band, segments, structure, causal, scale = setup
+    rows, block, band, segments, structure, causal, scale = setup
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     acc = accumulation_dtype(q.dtype)
-    out = torch.zeros(B, H, tq, v.shape[3], dtype=acc, device=q.device)
-    lse = torch.full((B, H, tq), NEG_INF, dtype=acc, device=q.device)
+    # Every row is written below (a fast path's, a plan row's first span, or zeros for a row
+    # with nothing to attend), so the buffers start uninitialised.
+    out = torch.empty(B, H, tq, v.shape[3], dtype=acc, device=q.device)
+    lse = torch.empty((B, H, tq), dtype=acc, device=q.device)
     fused = kernel_runs(q)
     if band is not None:
         band_forward(q, k, v, band, scale, out, lse)
     if segments is not None:
         segments_forward(q, k, v, segments, causal, scale, out, lse)
-    for tiles in rows:
+    for i, tiles in rows:
+        if not tiles:
+            out[:, :, i * block : (i + 1) * block] = 0.0
+            lse[:, :, i * block : (i + 1) * block] = NEG_INF
         for n, tile in enumerate(tiles):
             allowed, bias_t, diagonal = _tile_masks(
                 tile, mask, bias, structure, causal, tq, tk, q.device, fused
@@ -160,12 +167,15 @@ class _Tiled(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
-        rows, band, segments, structure, causal, scale = ctx.setup
+        rows, _, band, segments, structure, causal, scale = ctx.setup
         acc = accumulation_dtype(q.dtype)
         tq, tk = q.shape[2], k.shape[2]
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-        dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+        if segments is not None:  # every position's gradients come from its document's call
+            dq, dk, dv = (torch.empty(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
+        elif band is not None:  # zeros only where the band does not write first
+            dq, dk, dv = band_gradient_buffers(q, k, v, band, acc)
+        else:
+            dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
         want_bias = bias is not None and ctx.needs_input_grad[4]
         dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
         fused = kernel_runs(q) and not want_bias  # the kernel gives no score gradient
@@ -176,7 +186,7 @@ class _Tiled(torch.autograd.Function):
             band_backward(q, k, v, grad_out, out, lse, band, scale, dq, dk, dv)
         if segments is not None:
             segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
-        for tiles in rows:
+        for _, tiles in rows:
             for tile in tiles:
                 allowed, bias_t, diagonal = _tile_masks(
                     tile, mask, bias, structure, causal, tq, tk, q.device, fused
