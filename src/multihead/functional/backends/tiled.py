@@ -1,8 +1,9 @@
 """The tiled backend: attention that costs the pairs it allows. It reads a call's structure
-(window, documents, prefix; see `functional.structure`) and visits only the tiles that hold an
-allowed pair (`functional.tile_plan`): full tiles without a mask, partial tiles with a small
-one, merged by log-sum-exp with the tile code ring attention uses (`functional.tiles`). The
-backward pass recomputes each tile from the saved log-sum-exp. No (Tq, Tk) tensor is built.
+(window, documents, prefix, a mask_mod; see `functional.structure`, `functional.mask_mod`) and
+visits only the tiles that hold an allowed pair (`functional.tile_plan`): full tiles without a
+mask, partial tiles with a small one, merged by log-sum-exp with the tile code ring attention
+uses (`functional.tiles`). The backward pass recomputes each tile from the saved log-sum-exp.
+No (Tq, Tk) tensor is built.
 
 It is the default on CPU for structured calls above a small size (`tiled_prefer`); on other
 devices `auto` leaves them to the fused kernels (with the dense mask). A query row with no
@@ -19,7 +20,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ...value_checks import may_read
 from ..call import AttentionCall
+from ..mask_mod import mod_mask, tile_classifier
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
@@ -67,8 +70,15 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     fused = kernel_runs(q)
     band = band_plan(structure, call.causal, mask, bias, q, k) if fused else None
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
-    block = band.block if band is not None else block_size(structure)
-    rows = [] if segments is not None else plan_tiles(structure, call.causal, B, H, tq, tk, block)
+    block: int | tuple[int, int] = band.block if band is not None else block_size(structure)
+    kind = None
+    if structure is not None and structure.mask_mod is not None and structure.block is not None:
+        # A mask_mod's tiles: evaluated one at a time, classified where reading is free.
+        block = structure.block
+        kind = tile_classifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
+    rows = []
+    if segments is None:
+        rows = plan_tiles(structure, call.causal, B, H, tq, tk, block, kind)
     if band is not None:
         rows = [row for i, row in enumerate(rows) if not band.first <= i < band.stop]
     docs = None if structure is None else structure.documents
@@ -89,16 +99,26 @@ def _slice(t: Tensor | None, tile: Tile) -> Tensor | None:
     return t if t.shape[3] == 1 else t[..., tile.k0 : tile.k1]
 
 
-def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, tq, tk, device, fused):
+def _and(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    return a if b is None else b if a is None else a & b
+
+
+def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, q, tk, fused):
     """(allowed, bias, kernel-causal) of one tile: a diagonal tile with nothing else to mask
-    runs the fused kernel's own causality, with no mask at all."""
+    runs the fused kernel's own causality, with no mask at all. A tile the mask_mod cuts
+    evaluates it here, on this tile only (forward, and again in backward: nothing kept)."""
     if fused and tile.diagonal and mask is None and bias is None:
         return None, None, True
     allowed = _slice(mask, tile)
+    B, H, tq, _ = q.shape
     if not tile.full:
-        shape = structure if structure is not None else Structure()
-        own = structure_mask(shape, causal, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, device)
-        allowed = own if allowed is None else (allowed if own is None else allowed & own)
+        s = structure if structure is not None else Structure()
+        allowed = _and(
+            allowed, structure_mask(s, causal, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, q.device)
+        )
+        if tile.mod and s.mask_mod is not None:
+            own = mod_mask(s.mask_mod, B, H, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, q.device)
+            allowed = _and(allowed, own)
     return allowed, _slice(bias, tile), False
 
 
@@ -117,7 +137,7 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     for tiles in rows:
         for n, tile in enumerate(tiles):
             allowed, bias_t, diagonal = _tile_masks(
-                tile, mask, bias, structure, causal, tq, tk, q.device, fused
+                tile, mask, bias, structure, causal, q, tk, fused
             )
             q_t, k_t = q[:, :, tile.q0 : tile.q1], k[:, :, tile.k0 : tile.k1]
             v_t = v[:, :, tile.k0 : tile.k1]
@@ -162,7 +182,7 @@ class _Tiled(torch.autograd.Function):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
         rows, band, segments, structure, causal, scale = ctx.setup
         acc = accumulation_dtype(q.dtype)
-        tq, tk = q.shape[2], k.shape[2]
+        tk = k.shape[2]
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
@@ -179,7 +199,7 @@ class _Tiled(torch.autograd.Function):
         for tiles in rows:
             for tile in tiles:
                 allowed, bias_t, diagonal = _tile_masks(
-                    tile, mask, bias, structure, causal, tq, tk, q.device, fused
+                    tile, mask, bias, structure, causal, q, tk, fused
                 )
                 r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
                 ds: list[Tensor] | None = [] if want_bias else None
