@@ -176,12 +176,13 @@ def test_bias_and_its_gradient(backend, name):
 
 
 @pytest.mark.parametrize("name", list(PATTERNS))
-def test_float32_on_the_fused_tiles(name):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fused / plain-torch tiles
+def test_lower_precision_tiles(name, dtype):
     fn = PATTERNS[name]
-    q, k, v = qkv(T, T, dtype=torch.float32)
+    q, k, v = qkv(T, T, dtype=dtype)
     out = attention(q, k, v, mask_mod=fn, block_size=(8, 4), backend="tiled")
     ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
-    check(out, ref, (q, k, v), torch.float32)
+    check(out, ref, (q, k, v), dtype)
 
 
 def test_default_block_size_leaves_a_shorter_last_tile():
