@@ -33,7 +33,7 @@ class Tile(NamedTuple):
     q1: int
     k0: int
     k1: int
-    full: bool  # every (query, key) pair allowed by causality and structure
+    full: bool  # every (query, key) pair allowed (causality, structure, mask_mod): no mask
     diagonal: bool = False  # square on the query positions, cut by causality alone
     mod: bool = False  # the call's mask_mod cuts it: evaluate it on this tile when it runs
 
