@@ -147,7 +147,7 @@ def test_documents_with_lengths_and_structure_with_a_static_cache_are_refused():
     with pytest.raises(ValueError, match=r"window, prefix cannot be combined with lengths"):
         m(packed, lengths=[4, 5], window=2, prefix=1)
     cache = StaticKVCache(B, HKV, C // H, 16, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"window=, documents= and prefix= need keys in position"):
+    with pytest.raises(ValueError, match=r"prefix= and mask_mod= need keys in position"):
         m(torch.randn(B, 3, C, dtype=torch.float64), cache=cache, causal=True, window=2)
 
 

@@ -15,6 +15,7 @@ from ..hook_points import FUNCTION, hooks_for
 from .backends import available_backends, get_backend, select_backend
 from .backends.eager import eager_attention
 from .call import AttentionCall, dense_call, make_call
+from .mask_mod import MaskMod
 
 
 def dispatch(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor | None]:
@@ -41,6 +42,8 @@ def attention(
     window: int | tuple[int, int] | None = None,
     documents: Tensor | None = None,
     prefix: int | Tensor | None = None,
+    mask_mod: MaskMod | None = None,
+    block_size: int | tuple[int, int] | None = None,
 ):
     """Scaled dot-product attention over heads, with grouped-query support.
 
@@ -66,8 +69,15 @@ def attention(
             (causally inside it when causal). Queries are the last Tq positions.
         prefix: an int P or a `(B,)` integer tensor (needs causal): prefix-LM, the first P
             positions see each other both ways.
-        Window, documents and prefix reach the backends as structure, not as a (Tq, Tk) mask:
-        the tiled backend computes only the tiles with an allowed pair (see
+        mask_mod: a function `mask_mod(b, h, q_idx, kv_idx)` -> boolean tensor (True = may
+            attend), as FlexAttention's: called with broadcastable integer index tensors;
+            `h` is the query head, `q_idx` the query's position among the keys
+            (i + Tk - Tq, bottom-right; i itself when Tq == Tk). See `functional.mask_mod`.
+        block_size: the tile (an int, or a (queries, keys) pair; default 128) the tiled
+            backend evaluates mask_mod on and classifies by (all False: skipped; all True: no
+            mask); it must divide Tq and Tk. Only with mask_mod.
+        Window, documents, prefix and mask_mod reach the backends as structure, not as a
+        (Tq, Tk) mask: the tiled backend computes only the tiles with an allowed pair (see
         `functional.structure`); they combine with mask, bias, causal and grouped-query heads.
 
     A query row that may attend to nothing returns zeros (output, weights and gradients).
@@ -88,6 +98,8 @@ def attention(
         window=window,
         documents=documents,
         prefix=prefix,
+        mask_mod=mask_mod,
+        block_size=block_size,
     )
     out, weights = dispatch(call, backend)
     hooks = hooks_for(FUNCTION)  # only `capture()` without a model observes bare calls
@@ -127,7 +139,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Explanation:
     """Tell which backend `attention(q, k, v, **kwargs)` would run, and why the others would not."""
     backend = kwargs.pop("backend", "auto")
     known = {"mask", "bias", "causal", "scale", "dropout_p", "return_weights"}
-    unknown = set(kwargs) - known - {"window", "documents", "prefix"}
+    unknown = set(kwargs) - known - {"window", "documents", "prefix", "mask_mod", "block_size"}
     if unknown:
         raise TypeError(f"explain() got unexpected keyword arguments: {sorted(unknown)}")
     call = make_call(q, k, v, **kwargs)

@@ -19,6 +19,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from .mask_mod import MaskMod, check_mask_mod, mod_mask
 from .structure import Structure, check_structure, dense_mask
 
 ScaleRule = Literal["positive", "finite"]
@@ -220,6 +221,8 @@ def make_call(
     window: int | tuple[int, int] | None = None,
     documents: Tensor | None = None,
     prefix: int | Tensor | None = None,
+    mask_mod: MaskMod | None = None,
+    block_size: int | tuple[int, int] | None = None,
     qkv_checked: bool = False,
     scale_rule: ScaleRule = "positive",
 ) -> AttentionCall:
@@ -244,6 +247,9 @@ def make_call(
             window, documents, prefix, causal=causal, batch=B, tq=Tq, tk=k.shape[2],
             device=q.device,
         )  # fmt: skip
+    if mask_mod is not None or block_size is not None:
+        fn, block = check_mask_mod(mask_mod, block_size, Tq, k.shape[2])
+        structure = (structure or Structure())._replace(mask_mod=fn, block=block)
     if return_weights is not True and return_weights is not False:
         check_flag("return_weights", return_weights)
     if type(dropout_p) is not float or dropout_p != 0.0:
@@ -256,12 +262,16 @@ def make_call(
 
 def dense_call(call: AttentionCall) -> AttentionCall:
     """The same call with its structure folded into a dense boolean mask, for backends that
-    cannot read structure. Causality stays a flag unless a prefix relaxes it."""
+    cannot read structure. Causality stays a flag unless a prefix relaxes it. A mask_mod is
+    evaluated here once on the whole grid: (B or 1, H or 1, Tq, Tk)."""
     structure = call.structure
     if structure is None:
         return call
-    tq, tk = call.q.shape[2], call.k.shape[2]
+    (B, H, tq, _), tk = call.q.shape, call.k.shape[2]
     with_prefix = structure.prefix is not None
     dense = dense_mask(structure, call.causal and with_prefix, tq, tk, call.q.device)
+    if structure.mask_mod is not None:
+        mod = mod_mask(structure.mask_mod, B, H, 0, tq, 0, tk, tq, tk, call.q.device)
+        dense = mod if dense is None else dense & mod
     mask = dense if call.mask is None else (call.mask if dense is None else call.mask & dense)
     return call._replace(mask=mask, causal=call.causal and not with_prefix, structure=None)

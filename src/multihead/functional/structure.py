@@ -8,7 +8,11 @@ Positions: query i sits at key position p = i + Tk - Tq (bottom-right, as causal
   (prefix-LM: the first P positions see each other both ways);
 - window (left, right): p - left <= j <= p + right (an int W is (W - 1, W - 1), so with
   causal query p sees keys p - W + 1 .. p, as `masks.sliding_window`);
-- documents (B, Tk): documents[b, p] == documents[b, j].
+- documents (B, Tk): documents[b, p] == documents[b, j];
+- mask_mod (a function of b, h, p, j; see `functional.mask_mod`): mask_mod(b, h, p, j) is True.
+
+The masks built here cover window, documents and prefix (positions only); a mask_mod is
+evaluated by its own module, per tile or on the whole grid (`call.dense_call`).
 
 Shapes: documents (B, Tk) integer ids; prefix an int or (B,) integer tensor; masks built here
 are (B or 1, 1, tq, tk) booleans, True = may attend.
@@ -16,25 +20,32 @@ are (B or 1, 1, tq, tk) booleans, True = may attend.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..value_checks import may_read
 
+if TYPE_CHECKING:
+    from .mask_mod import MaskMod
+
 
 class Structure(NamedTuple):
     """The structure of one attention call, validated (see `check_structure`).
 
     `window`: (left, right) keys each side of the query's position, or None; `documents`:
-    (B, Tk) integer ids, or None; `prefix`: an int, a (B,) integer tensor, or None.
+    (B, Tk) integer ids, or None; `prefix`: an int, a (B,) integer tensor, or None;
+    `mask_mod`: a function of (b, h, q_idx, kv_idx), or None, with `block`: the (query, key)
+    tile the tiled backend classifies it by (set exactly when mask_mod is).
     (A NamedTuple, like AttentionCall: cheap to build and traced by dynamo without breaks.)
     """
 
     window: tuple[int, int] | None = None
     documents: Tensor | None = None
     prefix: int | Tensor | None = None
+    mask_mod: MaskMod | None = None
+    block: tuple[int, int] | None = None
 
 
 def check_window(window: object) -> tuple[int, int]:
@@ -158,6 +169,6 @@ def structure_mask(
 
 
 def dense_mask(structure: Structure, causal: bool, tq: int, tk: int, device) -> Tensor | None:
-    """The whole (B or 1, 1, Tq, Tk) mask of a structure (and causality): for backends that
-    cannot read the structure itself."""
+    """The whole (B or 1, 1, Tq, Tk) mask of a structure's positions (and causality): for
+    backends that cannot read the structure itself (`call.dense_call` adds a mask_mod's)."""
     return structure_mask(structure, causal, 0, tq, 0, tk, tq, tk, device)

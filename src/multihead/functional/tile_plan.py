@@ -7,12 +7,15 @@ A query block of `block` rows visits runs of key blocks; adjacent full blocks (e
 allowed: no mask needed) merge into one span (up to a cap on the scores buffer). A `diagonal`
 tile is square on the query positions and cut only by causality (a fused kernel runs it
 causal, without a mask); any other is partial (a small (rows, keys) mask is built for it).
+A further rule (`kind`: a mask_mod's tiles, see `functional.mask_mod`) can skip a tile or make
+it partial; tiles are then `block` = (queries, keys), not necessarily square.
 
 Shapes: documents (B, Tk); a tile is queries q0..q1 x keys k0..k1 of a (Tq, Tk) call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -30,8 +33,9 @@ class Tile(NamedTuple):
     q1: int
     k0: int
     k1: int
-    full: bool  # every (query, key) pair allowed by causality and structure
+    full: bool  # every (query, key) pair allowed (causality, structure, mask_mod): no mask
     diagonal: bool = False  # square on the query positions, cut by causality alone
+    mod: bool = False  # the call's mask_mod cuts it: evaluate it on this tile when it runs
 
 
 def block_size(structure: Structure | None) -> int:
@@ -46,13 +50,14 @@ def block_size(structure: Structure | None) -> int:
     return size
 
 
-def _document_map(documents: Tensor, offset: int, tq: int, tk: int, block: int):
+def _document_map(documents: Tensor, offset: int, tq: int, tk: int, bq: int, bk: int):
     """(query block, key block) -> NONE / PARTIAL / FULL from the blocks' id ranges, over the
     whole batch; None where reading ids is not free (then every tile is at most PARTIAL)."""
     if not may_read(documents):
         return None
 
-    def ranges(ids: Tensor) -> tuple[Tensor, Tensor]:  # (B, n) -> per block min, max (B, blocks)
+    def ranges(ids: Tensor, block: int) -> tuple[Tensor, Tensor]:
+        """(B, n) ids -> per block min and max, (B, blocks) each."""
         n = ids.shape[1]
         pad = (-n) % block
         if pad:  # repeat the last id: the padded rows never change a block's range
@@ -60,8 +65,8 @@ def _document_map(documents: Tensor, offset: int, tq: int, tk: int, block: int):
         blocks = ids.view(ids.shape[0], -1, block)
         return blocks.amin(dim=2), blocks.amax(dim=2)
 
-    qmin, qmax = ranges(documents[:, offset : offset + tq])
-    kmin, kmax = ranges(documents)
+    qmin, qmax = ranges(documents[:, offset : offset + tq], bq)
+    kmin, kmax = ranges(documents, bk)
     qmin, qmax, kmin, kmax = qmin[:, :, None], qmax[:, :, None], kmin[:, None], kmax[:, None]
     apart = ((qmax < kmin) | (kmax < qmin)).all(dim=0)  # (nq, nk): no shared id in any row
     one = ((qmin == qmax) & (kmin == kmax) & (qmin == kmin)).all(dim=0)
@@ -75,19 +80,24 @@ def plan_tiles(
     heads: int,
     tq: int,
     tk: int,
-    block: int,
+    block: int | tuple[int, int],
+    kind: Callable[[int, int, int, int], int] | None = None,
 ) -> list[list[Tile]]:
-    """Per query block, the key spans it must visit (an empty list: the rows attend to nothing)."""
+    """Per query block, the key spans it must visit (an empty list: the rows attend to nothing).
+
+    `block`: rows and keys per tile (an int: square). `kind(q0, q1, k0, k1)` -> NONE / PARTIAL
+    / FULL: a further rule on each tile the structure lets through (a mask_mod's)."""
+    bq, bk = (block, block) if isinstance(block, int) else block
     s = structure if structure is not None else Structure()
     offset = tk - tq
     prefix = s.prefix
     prefix_int = prefix if isinstance(prefix, int) else None
     prefix_unknown = isinstance(prefix, Tensor)
-    docs = None if s.documents is None else _document_map(s.documents, offset, tq, tk, block)
-    cap = max(block, (SPAN_ELEMENTS // max(batch * heads * block, 1)) // block * block)
+    docs = None if s.documents is None else _document_map(s.documents, offset, tq, tk, bq, bk)
+    cap = max(bk, (SPAN_ELEMENTS // max(batch * heads * bq, 1)) // bk * bk)
     rows: list[list[Tile]] = []
-    for qi, q0 in enumerate(range(0, tq, block)):
-        q1 = min(q0 + block, tq)
+    for qi, q0 in enumerate(range(0, tq, bq)):
+        q1 = min(q0 + bq, tq)
         p0, p1 = q0 + offset, q1 - 1 + offset  # first and last query positions
         kinds = []
         lo, hi = 0, tk  # the keys any query of this block may see (Python ints)
@@ -95,9 +105,9 @@ def plan_tiles(
             lo, hi = max(0, p0 - s.window[0]), min(tk, p1 + s.window[1] + 1)
         if causal and prefix is None:
             hi = min(hi, p1 + 1)
-        for ki in range(lo // block, -(-hi // block)):
-            k0 = ki * block
-            k1 = min(k0 + block, tk)
+        for ki in range(lo // bk, -(-hi // bk)):
+            k0 = ki * bk
+            k1 = min(k0 + bk, tk)
             j0, j1 = k0, k1 - 1
             full, none = True, False
             if causal:
@@ -116,6 +126,9 @@ def plan_tiles(
                 none = none or docs[qi][ki] == NONE
             if none:
                 continue
+            extra = FULL if kind is None else kind(q0, q1, k0, k1)
+            if extra == NONE:
+                continue
             # Square on the positions, and everything but causality allows every pair:
             diagonal = causal and not full and k0 == p0 and k1 - 1 == p1 and prefix is None
             if diagonal and s.window is not None:
@@ -124,7 +137,8 @@ def plan_tiles(
                 diagonal = docs[qi][ki] == FULL
             elif diagonal and s.documents is not None:
                 diagonal = False
-            kinds.append(Tile(q0, q1, k0, k1, full, diagonal))
+            mod = extra == PARTIAL
+            kinds.append(Tile(q0, q1, k0, k1, full and not mod, diagonal and not mod, mod))
         rows.append(_merge(kinds, cap))
     return rows
 

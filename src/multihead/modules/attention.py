@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..functional.attention import dispatch
 from ..functional.call import check_dropout, check_flag, check_mask, make_call
+from ..functional.mask_mod import MaskMod
 from ..functional.masks import combine
 from ..functional.varlen import VarLen
 from ..hook_points import ModuleHooks, hooks_for
@@ -44,6 +45,17 @@ def _sub(module: nn.Module, name: str) -> nn.Module:
     """A registered submodule straight from `_modules` (Module.__getattr__ costs ~0.8 us a
     lookup, a tenth of the module's own time per call at small shapes)."""
     return cast(nn.Module, module._modules[name])
+
+
+def _structure(window, documents, prefix, mask_mod, block_size) -> dict:
+    """The structure arguments by name (for the paths that pass them on or refuse them)."""
+    return {
+        "window": window,
+        "documents": documents,
+        "prefix": prefix,
+        "mask_mod": mask_mod,
+        "block_size": block_size,
+    }
 
 
 def _weight(layer) -> Tensor:
@@ -167,6 +179,8 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         window: int | tuple[int, int] | None = None,
         documents: Tensor | None = None,
         prefix: int | Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        block_size: int | tuple[int, int] | None = None,
     ):
         """Attend from `query` `(B, Tq, C)` to `key` `(B, Tk, kdim)` / `value` `(B, Tk, vdim)`.
 
@@ -187,12 +201,20 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         `window`, `documents` (B, Tk), `prefix`: the structure of `functional.attention`
         (sliding window, packed documents by id, prefix-LM), passed on as such; with a
         `KVCache`, documents cover every cached key and queries are the last positions.
+        `mask_mod`, `block_size`: a mask function of (b, h, q_idx, kv_idx) and the tile it is
+        classified by, as `functional.attention` (q_idx: positions among the cached keys).
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
-        structured = window is not None or documents is not None or prefix is not None
+        structured = (
+            window is not None
+            or documents is not None
+            or prefix is not None
+            or mask_mod is not None
+            or block_size is not None
+        )
         if self._sequence_parallel is not None:  # this rank holds a chunk of the sequence
-            structure = {"window": window, "documents": documents, "prefix": prefix}
+            structure = _structure(window, documents, prefix, mask_mod, block_size)
             extra = {name: arg for name, arg in structure.items() if arg is not None}
             return self._sequence_parallel(
                 self, query, key, value, mask=mask, key_mask=key_mask, causal=causal,
@@ -202,7 +224,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         causal = self.causal if causal is None else check_flag("causal", causal)
         hooks = hooks_for(self)
         if lengths is not None:
-            structure = {"window": window, "documents": documents, "prefix": prefix}
+            structure = _structure(window, documents, prefix, mask_mod, block_size)
             refuse_with_lengths(
                 key, value, mask, key_mask, cache, positions, return_weights, structure
             )
@@ -228,7 +250,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         q, keys = self._queries_and_keys(x, cache, causal, positions, hooks)
         if keys.key_slots is not None and structured:
             raise ValueError(
-                "window=, documents= and prefix= need keys in position order; this "
+                "window=, documents=, prefix= and mask_mod= need keys in position order; this "
                 "StaticKVCache keeps them in slots (give the cache its window= instead)"
             )
         B, H, Tq, _ = q.shape
@@ -249,6 +271,8 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             window=narrowest(window, keys.window),
             documents=documents,
             prefix=prefix,
+            mask_mod=mask_mod,
+            block_size=block_size,
             qkv_checked=True,  # shaped here from checked inputs
         )
         out, weights = dispatch(call) if hooks is None else attend(call, hooks)

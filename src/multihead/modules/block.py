@@ -22,6 +22,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from ..functional.mask_mod import MaskMod
 from ..functional.varlen import VarLen
 from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
@@ -198,19 +199,27 @@ class TransformerBlock(nn.Module):
         window: int | tuple[int, int] | None = None,
         documents: Tensor | None = None,
         prefix: int | Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        block_size: int | tuple[int, int] | None = None,
     ):
         """x (B, T, C) -> (B, T, C) [, self-attention weights (B, H, T, Tk)].
 
         With `lengths`, x is packed sequences (N, C) -> (N, C): see `functional.varlen`.
-        `window`, `documents`, `prefix`: the self-attention's structure (see
-        `functional.attention`)."""
+        `window`, `documents`, `prefix`, `mask_mod`, `block_size`: the self-attention's
+        structure (see `functional.attention`)."""
         if lengths is not None and self.cross_attn is not None:
             raise ValueError("lengths (packed sequences) do not support cross-attention blocks")
         hooks = hooks_for(self)
         if hooks is not None:
             x = hooks("hook_resid_pre", x)
         weights = None
-        structure = _given(window=window, documents=documents, prefix=prefix)
+        structure = _given(
+            window=window,
+            documents=documents,
+            prefix=prefix,
+            mask_mod=mask_mod,
+            block_size=block_size,
+        )
         if hooks is not None and wants_split_inputs(hooks):
             if lengths is not None:
                 raise ValueError(

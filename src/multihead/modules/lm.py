@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import masks
+from ..functional.mask_mod import MaskMod
 from ..hook_points import hooks_for
 from ..positional import ALiBi, LearnedPositions, PositionScheme, RopeScaling, RotaryEmbedding
 from ..value_checks import check_below, check_token_ids
@@ -219,6 +220,8 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         window: int | None = None,
         documents: Tensor | None = None,
         prefix: int | Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        block_size: int | tuple[int, int] | None = None,
     ) -> Tensor:
         """Logits (B, T, V), or (B, 1, V) with `last_only` (all generation needs after a prefill;
         the head is the largest matrix). `attention_mask` (B, T): 1/True = token, 0 = padding (of
@@ -227,7 +230,9 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         `input_ids` may be text (a str or a list, see `to_tokens`; padding gets its mask).
         `window`: a sliding window for every layer in this call (default: the config's, per
         layer); `documents` (B, T or cached + T) integer ids: packed documents attend only
-        within themselves; `prefix`: prefix-LM (see `functional.attention`)."""
+        within themselves; `prefix`: prefix-LM; `mask_mod`, `block_size`: a mask function of
+        (b, h, q_idx, kv_idx) for every layer, q_idx counting cached tokens too (see
+        `functional.attention`)."""
         if is_text(input_ids):
             input_ids, attention_mask = self._ids_and_mask(
                 input_ids, attention_mask, None, None, "forward"
@@ -241,6 +246,8 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
             window=window,
             documents=documents,
             prefix=prefix,
+            mask_mod=mask_mod,
+            block_size=block_size,
         )
         hooks = hooks_for(self)
         return self.logits(h) if hooks is None else hooks("hook_logits", self.logits(h))
@@ -256,6 +263,8 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         window: int | None = None,
         documents: Tensor | None = None,
         prefix: int | Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        block_size: int | tuple[int, int] | None = None,
     ) -> Tensor:
         """The final normalised states (B, T, C) that the head reads (see `forward`).
 
@@ -318,6 +327,8 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
                 window=layer_window,
                 documents=documents,
                 prefix=prefix,
+                mask_mod=mask_mod,
+                block_size=block_size,
             )
         if last_only:
             x = x[:, -1:]

@@ -74,6 +74,8 @@ class RingRunner:
         window: int | tuple[int, int] | None = None,
         documents: Tensor | None = None,
         prefix: Any = None,
+        mask_mod: Any = None,
+        block_size: Any = None,
     ) -> Tensor:
         """`MultiHeadAttention.forward` on this rank's chunk of a sharded sequence. `window`
         (global positions) and `documents` (this rank's ids, (B, T_r)) go to the ring."""
@@ -86,6 +88,8 @@ class RingRunner:
             "lengths": lengths,
             "return_weights": return_weights or None,
             "prefix": prefix,
+            "mask_mod": mask_mod,  # not carried round the ring (ring_attention's bias_fn can block)
+            "block_size": block_size,
         }
         given = [name for name, arg in refused.items() if arg is not None]
         if given:

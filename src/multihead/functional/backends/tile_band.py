@@ -63,11 +63,13 @@ def band_block(left: int) -> int:
 
 
 def band_plan(structure, causal: bool, mask, bias, q: Tensor, k: Tensor) -> BandPlan | None:
-    """The plan of a call this path serves (a causal window alone, square, on the fused
-    kernel's dtypes), else None."""
+    """The plan of a call this path serves (a causal window alone: no documents, prefix,
+    mask_mod, mask or bias; square, on the fused kernel's dtypes), else None."""
     if structure is None or structure.window is None or not causal:
         return None
     if structure.documents is not None or structure.prefix is not None:
+        return None
+    if structure.mask_mod is not None:  # its tiles are classified by evaluating it
         return None
     if mask is not None or bias is not None or q.shape[2] != k.shape[2]:
         return None

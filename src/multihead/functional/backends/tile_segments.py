@@ -22,11 +22,14 @@ Segment = tuple[int, int, int]  # (batch row, first position, one past the last)
 
 
 def segment_plan(structure, mask, bias, q: Tensor, k: Tensor) -> list[Segment] | None:
-    """Every document's run, when a call has documents alone (no window, prefix, mask or bias),
-    square, on the kernel's dtypes, with ids readable for free and each id in one run per row."""
+    """Every document's run, when a call has documents alone (no window, prefix, mask_mod,
+    mask or bias), square, on the kernel's dtypes, with ids readable for free and each id in
+    one run per row."""
     if structure is None or structure.documents is None:
         return None
     if structure.window is not None or structure.prefix is not None:
+        return None
+    if structure.mask_mod is not None:  # its tiles are classified by evaluating it
         return None
     if mask is not None or bias is not None or q.shape[2] != k.shape[2]:
         return None

@@ -1,8 +1,9 @@
 """The tiled backend: attention that costs the pairs it allows. It reads a call's structure
-(window, documents, prefix; see `functional.structure`) and visits only the tiles that hold an
-allowed pair (`functional.tile_plan`): full tiles without a mask, partial tiles with a small
-one, merged by log-sum-exp with the tile code ring attention uses (`functional.tiles`). The
-backward pass recomputes each tile from the saved log-sum-exp. No (Tq, Tk) tensor is built.
+(window, documents, prefix, a mask_mod; see `functional.structure`, `functional.mask_mod`) and
+visits only the tiles that hold an allowed pair (`functional.tile_plan`): full tiles without a
+mask, partial tiles with a small one, merged by log-sum-exp with the tile code ring attention
+uses (`functional.tiles`). The backward pass recomputes each tile from the saved log-sum-exp.
+No (Tq, Tk) tensor is built.
 
 It is the default on CPU for structured calls above a small size (`tiled_prefer`); on other
 devices `auto` leaves them to the fused kernels (with the dense mask). A query row with no
@@ -19,7 +20,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ...value_checks import may_read
 from ..call import AttentionCall
+from ..mask_mod import mod_mask, tile_classifier
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
@@ -67,8 +70,15 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     fused = kernel_runs(q)
     band = band_plan(structure, call.causal, mask, bias, q, k) if fused else None
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
-    block = band.block if band is not None else block_size(structure)
-    rows = [] if segments is not None else plan_tiles(structure, call.causal, B, H, tq, tk, block)
+    block: int | tuple[int, int] = band.block if band is not None else block_size(structure)
+    kind = None
+    if structure is not None and structure.mask_mod is not None and structure.block is not None:
+        # A mask_mod's tiles: evaluated one at a time, classified where reading is free.
+        block = structure.block
+        kind = tile_classifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
+    rows = []
+    if segments is None:
+        rows = plan_tiles(structure, call.causal, B, H, tq, tk, block, kind)
     # (query block index, its tiles): the fast paths leave the general plan some blocks or none
     indexed = [(i, row) for i, row in enumerate(rows)]
     if band is not None:
@@ -91,16 +101,26 @@ def _slice(t: Tensor | None, tile: Tile) -> Tensor | None:
     return t if t.shape[3] == 1 else t[..., tile.k0 : tile.k1]
 
 
-def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, tq, tk, device, fused):
+def _and(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    return a if b is None else b if a is None else a & b
+
+
+def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, q, tk, fused):
     """(allowed, bias, kernel-causal) of one tile: a diagonal tile with nothing else to mask
-    runs the fused kernel's own causality, with no mask at all."""
+    runs the fused kernel's own causality, with no mask at all. A tile the mask_mod cuts
+    evaluates it here, on this tile only (forward, and again in backward: nothing kept)."""
     if fused and tile.diagonal and mask is None and bias is None:
         return None, None, True
     allowed = _slice(mask, tile)
+    B, H, tq, _ = q.shape
     if not tile.full:
-        shape = structure if structure is not None else Structure()
-        own = structure_mask(shape, causal, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, device)
-        allowed = own if allowed is None else (allowed if own is None else allowed & own)
+        s = structure if structure is not None else Structure()
+        allowed = _and(
+            allowed, structure_mask(s, causal, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, q.device)
+        )
+        if tile.mod and s.mask_mod is not None:
+            own = mod_mask(s.mask_mod, B, H, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, q.device)
+            allowed = _and(allowed, own)
     return allowed, _slice(bias, tile), False
 
 
@@ -118,13 +138,15 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
         band_forward(q, k, v, band, scale, out, lse)
     if segments is not None:
         segments_forward(q, k, v, segments, causal, scale, out, lse)
+    rows_per_block = block if isinstance(block, int) else block[0]
     for i, tiles in rows:
         if not tiles:
-            out[:, :, i * block : (i + 1) * block] = 0.0
-            lse[:, :, i * block : (i + 1) * block] = NEG_INF
+            r = slice(i * rows_per_block, (i + 1) * rows_per_block)
+            out[:, :, r] = 0.0
+            lse[:, :, r] = NEG_INF
         for n, tile in enumerate(tiles):
             allowed, bias_t, diagonal = _tile_masks(
-                tile, mask, bias, structure, causal, tq, tk, q.device, fused
+                tile, mask, bias, structure, causal, q, tk, fused
             )
             q_t, k_t = q[:, :, tile.q0 : tile.q1], k[:, :, tile.k0 : tile.k1]
             v_t = v[:, :, tile.k0 : tile.k1]
@@ -169,7 +191,7 @@ class _Tiled(torch.autograd.Function):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
         rows, _, band, segments, structure, causal, scale = ctx.setup
         acc = accumulation_dtype(q.dtype)
-        tq, tk = q.shape[2], k.shape[2]
+        tk = k.shape[2]
         if segments is not None:  # every position's gradients come from its document's call
             dq, dk, dv = (torch.empty(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
         elif band is not None:  # zeros only where the band does not write first
@@ -189,7 +211,7 @@ class _Tiled(torch.autograd.Function):
         for _, tiles in rows:
             for tile in tiles:
                 allowed, bias_t, diagonal = _tile_masks(
-                    tile, mask, bias, structure, causal, tq, tk, q.device, fused
+                    tile, mask, bias, structure, causal, q, tk, fused
                 )
                 r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
                 ds: list[Tensor] | None = [] if want_bias else None

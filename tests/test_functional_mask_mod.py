@@ -1,0 +1,440 @@
+"""mask_mod= and block_size= on every backend against the fp64 reference under a dense mask
+written out here by calling the function pair by pair (0-d index tensors, Python loops: no
+use of the library's evaluation): outputs and gradients of q, k, v and bias, patterns that
+depend on positions, heads and batch rows, rows left empty, the AND with causal / window /
+documents / prefix / a key mask, grouped-query heads, cross lengths (bottom-right); that the
+tiled backend skips all-False tiles and never evaluates more than a tile; torch's own
+flex_attention on one pattern; every bad input."""
+
+import pytest
+import torch
+
+from multihead import MultiHeadAttention, attention
+from multihead.functional import explain, masks
+from multihead.functional.backends import tiled as tiled_backend
+from multihead.functional.backends.tile_band import band_plan
+from multihead.functional.backends.tile_segments import segment_plan
+from multihead.functional.structure import Structure
+from multihead.modules.block import TransformerBlock
+from multihead.modules.cache import KVCache
+from multihead.modules.lm import CausalLM, LMConfig
+from multihead.modules.static_cache import StaticKVCache
+from multihead.parallel.sequence_parallel import RingRunner
+
+from conftest import assert_close
+from reference import reference_attention
+
+B, H, D = 2, 3, 8
+T = 24  # 6 tiles of 4 each way
+BLOCK = 4
+BACKENDS = ["eager", "sdpa", "tiled", "auto"]
+LENGTHS = torch.tensor([24, 13])  # per batch row: keys before this are real
+DOCS = [[0] * 7 + [1] * 11 + [2] * 6, [3] * 15 + [4] * 9]  # (B, 24) ids
+
+PATTERNS = {
+    # the sliding window of `causal=True, window=5`, written as a function
+    "sliding-window": lambda b, h, q, k: (k <= q) & (q - k < 5),
+    "dilated": lambda b, h, q, k: (q - k) % 3 == 0,
+    "per-head": lambda b, h, q, k: (q - k).abs() <= 2 * h + 1,
+    "per-batch": lambda b, h, q, k: k < LENGTHS[b],
+    # queries 1, 5, 9, ... see nothing: zeros, zero gradients
+    "empty-rows": lambda b, h, q, k: (q % 4 != 1) & (k <= q + 2),
+    # whole 8 x 8 blocks on the diagonal, causal inside: many all-False tiles
+    "block-diagonal": lambda b, h, q, k: (q // 8 == k // 8) & (k <= q),
+}
+
+
+def dense_from(fn, tq, tk, heads=H):
+    """(B, heads, Tq, Tk) booleans, calling `fn` once per pair with 0-d index tensors; query i
+    sits at position i + Tk - Tq (bottom-right)."""
+    out = torch.zeros(B, heads, tq, tk, dtype=torch.bool)
+    for b in range(B):
+        for h in range(heads):
+            for i in range(tq):
+                p = i + tk - tq
+                for j in range(tk):
+                    index = (torch.tensor(b), torch.tensor(h), torch.tensor(p), torch.tensor(j))
+                    out[b, h, i, j] = bool(fn(*index))
+    return out
+
+
+def structure_dense(tq, tk, *, causal=False, window=None, documents=None, prefix=None):
+    """(B, 1, Tq, Tk): causality, a window (left, right), documents and a prefix, pair by pair."""
+    out = torch.zeros(B, 1, tq, tk, dtype=torch.bool)
+    for b in range(B):
+        for i in range(tq):
+            p = i + tk - tq
+            for j in range(tk):
+                ok = True
+                if causal:
+                    ok = j <= p or (prefix is not None and p < prefix and j < prefix)
+                if window is not None:
+                    ok = ok and p - window[0] <= j <= p + window[1]
+                if documents is not None:
+                    ok = ok and documents[b][p] == documents[b][j]
+                out[b, 0, i, j] = ok
+    return out
+
+
+def qkv(tq, tk, hkv=H, dtype=torch.float64):
+    q = torch.randn(B, H, tq, D, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, hkv, tk, D, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, hkv, tk, D, dtype=dtype, requires_grad=True)
+    return q, k, v
+
+
+def grads(out, *inputs):
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
+    return torch.autograd.grad((out * weight).sum(), inputs)
+
+
+def check(out, ref, inputs, dtype=None):
+    assert_close(out, ref, dtype)
+    for a, b in zip(grads(out, *inputs), grads(ref, *inputs), strict=True):
+        assert_close(a, b, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("hkv", [H, 1])
+def test_mask_mod_matches_the_dense_mask(backend, name, hkv):
+    fn = PATTERNS[name]
+    q, k, v = qkv(T, T, hkv)
+    out = attention(q, k, v, mask_mod=fn, block_size=BLOCK, backend=backend)
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
+    check(out, ref, (q, k, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_window_written_as_mask_mod_equals_window(backend):
+    q, k, v = qkv(T, T)
+    out = attention(q, k, v, mask_mod=PATTERNS["sliding-window"], block_size=BLOCK,
+                    backend=backend)  # fmt: skip
+    want = attention(q, k, v, causal=True, window=5, backend=backend)
+    check(out, want, (q, k, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_with_nothing_to_attend_give_zeros(backend):
+    q, k, v = qkv(T, T)
+    out = attention(q, k, v, mask_mod=PATTERNS["empty-rows"], block_size=BLOCK, backend=backend)
+    dq = grads(out, q, k, v)[0]
+    empty = torch.arange(1, T, 4)
+    assert not out.isnan().any() and not dq.isnan().any()
+    assert (out[:, :, empty] == 0).all() and (dq[:, :, empty] == 0).all()
+
+
+COMBINED = {
+    "causal-documents-keymask": dict(causal=True, documents=DOCS),
+    "window-prefix": dict(causal=True, window=(6, 6), prefix=9),
+    "bidirectional-window": dict(window=(3, 7)),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(COMBINED))
+@pytest.mark.parametrize("hkv", [H, 1])
+def test_mask_mod_ands_with_the_structure_and_a_key_mask(backend, name, hkv):
+    case = COMBINED[name]
+    fn = PATTERNS["dilated"] if name != "window-prefix" else PATTERNS["per-head"]
+    q, k, v = qkv(T, T, hkv)
+    key_mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    key_mask[1, ..., 19:] = False  # padding in row 1
+    args = dict(case)
+    if "documents" in args:
+        args["documents"] = torch.tensor(args["documents"])
+    out = attention(q, k, v, mask=key_mask, mask_mod=fn, block_size=BLOCK, backend=backend,
+                    **args)  # fmt: skip
+    dense = structure_dense(T, T, **case) & key_mask
+    ref, _ = reference_attention(q, k, v, mask=dense & dense_from(fn, T, T))
+    check(out, ref, (q, k, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("block", [(4, 8), (2, 24), 1])
+def test_cross_lengths_align_bottom_right(backend, block):
+    # 8 queries, 24 keys: query i sits at position i + 16, which is what q_idx receives
+    fn = PATTERNS["sliding-window"]
+    q, k, v = qkv(8, T, hkv=1)
+    out = attention(q, k, v, mask_mod=fn, block_size=block, backend=backend)
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, 8, T))
+    check(out, ref, (q, k, v))
+    want = attention(q, k, v, causal=True, window=5, backend="eager")
+    assert_close(out, want)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "tiled"])
+@pytest.mark.parametrize("name", ["per-head", "empty-rows"])
+def test_bias_and_its_gradient(backend, name):
+    fn = PATTERNS[name]
+    q, k, v = qkv(T, T)
+    bias = torch.randn(1, H, T, T, dtype=torch.float64, requires_grad=True)
+    out = attention(q, k, v, bias=bias, mask_mod=fn, block_size=BLOCK, backend=backend)
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T), bias=bias)
+    check(out, ref, (q, k, v, bias))
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fused / plain-torch tiles
+def test_lower_precision_tiles(name, dtype):
+    fn = PATTERNS[name]
+    q, k, v = qkv(T, T, dtype=dtype)
+    out = attention(q, k, v, mask_mod=fn, block_size=(8, 4), backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
+    check(out, ref, (q, k, v), dtype)
+
+
+def test_default_block_size_leaves_a_shorter_last_tile():
+    # 200 is not a multiple of the default 128: no error, and the same answer
+    fn = PATTERNS["dilated"]
+    q, k, v = qkv(200, 200, hkv=1)
+    out = attention(q, k, v, mask_mod=fn, backend="tiled")
+    want = attention(q, k, v, mask_mod=fn, backend="eager")
+    check(out, want, (q, k, v))
+
+
+# -- what the tiled backend computes ------------------------------------------------------------
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the tiled backend's fused-kernel tile calls (forward and backward)."""
+    calls = {"forward": 0, "backward": 0}
+
+    def wrap(name, key):
+        real = getattr(tiled_backend, name)
+
+        def counted(*args, **kwargs):
+            calls[key] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tiled_backend, name, counted)
+
+    wrap("kernel_forward", "forward")
+    wrap("kernel_backward", "backward")
+    return calls
+
+
+def recording(fn, shapes):
+    """`fn`, noting the broadcast (.., rows, keys) of every call's index tensors."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        shapes.append(tuple(torch.broadcast_shapes(q_idx.shape, kv_idx.shape)[-2:]))
+        return fn(b, h, q_idx, kv_idx)
+
+    return mask_mod
+
+
+def test_tiled_skips_all_false_tiles_and_evaluates_tile_by_tile(spy):
+    # Block-diagonal 8 x 8 blocks, causal inside, on 4 x 4 tiles: of the 6 x 6 tiles, 6 are
+    # partial (the diagonal: triangles), 3 full (below it, inside a block) and 27 all False.
+    # A row visits its partial tile and, in odd rows, one full tile: 9 kernel calls each way.
+    fn = PATTERNS["block-diagonal"]
+    shapes: list[tuple[int, int]] = []
+    q, k, v = qkv(T, T)
+    out = attention(q, k, v, mask_mod=recording(fn, shapes), block_size=BLOCK, backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
+    check(out, ref, (q, k, v))
+    assert spy == {"forward": 9, "backward": 9}
+    assert shapes and all(rows <= BLOCK and keys <= BLOCK for rows, keys in shapes)
+    # classified once each (36), then evaluated again on the 6 partial tiles, forward and back
+    assert len(shapes) == 36 + 6 + 6
+
+
+def test_structure_skips_tiles_before_mask_mod_is_evaluated(spy):
+    # A causal window of 5 leaves 11 of the 36 tiles; mask_mod (always True) sees only those
+    shapes: list[tuple[int, int]] = []
+    always = recording(lambda b, h, q, k: torch.ones((), dtype=torch.bool), shapes)
+    q, k, v = qkv(T, T)
+    out = attention(q, k, v, causal=True, window=5, mask_mod=always, block_size=BLOCK,
+                    backend="tiled")  # fmt: skip
+    check(out, attention(q, k, v, causal=True, window=5, backend="eager"), (q, k, v))
+    assert len(shapes) == 11  # classified, all full: not evaluated again when they run
+
+
+def test_where_reading_is_not_free_every_tile_is_partial(spy, monkeypatch):
+    # As on a GPU or under tracing: no tile is read to be skipped, the answer is the same
+    monkeypatch.setattr(tiled_backend, "may_read", lambda t, always=False: False)
+    fn = PATTERNS["block-diagonal"]
+    shapes: list[tuple[int, int]] = []
+    q, k, v = qkv(T, T)
+    out = attention(q, k, v, mask_mod=recording(fn, shapes), block_size=BLOCK, backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
+    check(out, ref, (q, k, v))
+    assert spy == {"forward": 36, "backward": 36}
+    assert len(shapes) == 36 + 36  # evaluated where each tile runs, never to classify
+
+
+def test_the_fast_paths_step_aside_for_a_mask_mod():
+    q = torch.randn(1, 2, 512, 8)
+    window = Structure(window=(63, 63))
+    docs = Structure(documents=torch.tensor([[0] * 200 + [1] * 312]))
+    fn = PATTERNS["dilated"]
+    assert band_plan(window, True, None, None, q, q) is not None
+    assert band_plan(window._replace(mask_mod=fn, block=(128, 128)), True, None, None, q, q) is None
+    assert segment_plan(docs, None, None, q, q) is not None
+    assert segment_plan(docs._replace(mask_mod=fn, block=(128, 128)), None, None, q, q) is None
+
+
+def test_auto_picks_tiled_for_large_cpu_calls():
+    big = torch.randn(1, 1, 1024, 8)
+    fn = PATTERNS["dilated"]
+    assert explain(big, big, big, mask_mod=fn).chosen == "tiled"
+    assert explain(big, big, big, mask_mod=fn, block_size=64, return_weights=True).chosen == "eager"
+    small = torch.randn(1, 1, 64, 8)
+    assert explain(small, small, small, mask_mod=fn).chosen == "sdpa"
+
+
+# -- tracing and torch's own flex_attention -------------------------------------------------------
+
+
+def test_mask_mod_traces_under_torch_compile_fullgraph():
+    # Under compile auto runs sdpa with the mask_mod evaluated on the grid inside the graph
+    q, k, v = (torch.randn(1, 2, 48, 8, requires_grad=True) for _ in range(3))
+    fn = PATTERNS["per-head"]
+
+    def f(q, k, v):
+        return attention(q, k, v, causal=True, mask_mod=fn, block_size=16)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v), attention(q, k, v, causal=True, mask_mod=fn, backend="tiled")
+    assert_close(got, want, torch.float32)
+    for a, b in zip(grads(got, q, k, v), grads(want, q, k, v), strict=True):
+        assert_close(a, b, torch.float32)
+
+
+def test_forward_matches_torch_flex_attention():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def fn(b, h, q_idx, kv_idx):  # strided causal, wider per head
+        return (kv_idx <= q_idx) & (((q_idx - kv_idx) % (h + 2) == 0) | (q_idx - kv_idx < 16))
+
+    q, k, v = (torch.randn(2, 3, 256, 16) for _ in range(3))
+    try:
+        block_mask = create_block_mask(fn, None, 3, 256, 256, device="cpu")
+        want = torch.compile(flex_attention)(q, k, v, block_mask=block_mask)
+    except Exception as error:  # flex on CPU needs torch.compile and a working C++ compiler
+        pytest.skip(f"torch's flex_attention does not run here: {type(error).__name__}: {error}")
+    got = attention(q, k, v, mask_mod=fn, block_size=128, backend="tiled")
+    assert_close(got, want, torch.float32)
+
+
+# -- the modules -----------------------------------------------------------------------------------
+
+
+C = 24
+
+
+def test_module_passes_mask_mod_through():
+    mha = MultiHeadAttention(C, H, num_kv_heads=1, causal=True, dtype=torch.float64)
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    fn = PATTERNS["per-head"]
+    got = mha(x, mask_mod=fn, block_size=BLOCK)
+    want = mha(x, mask=dense_from(fn, T, T))
+    assert_close(got, want)
+
+
+def test_kv_cache_decoding_sees_positions_among_the_cached_keys():
+    # q_idx is the position among every cached key, so decoding equals the full forward
+    mha = MultiHeadAttention(C, H, causal=True, dtype=torch.float64).eval()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    fn = PATTERNS["dilated"]
+    full = mha(x, mask_mod=fn)
+    cache = KVCache(B, H, C // H, dtype=torch.float64)
+    steps = [mha(x[:, :10], cache=cache, mask_mod=fn)]
+    steps += [mha(x[:, i : i + 1], cache=cache, mask_mod=fn) for i in range(10, T)]
+    assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_block_and_causal_lm_pass_mask_mod_on():
+    fn = PATTERNS["per-head"]
+    block = TransformerBlock(C, H, 2 * C).double().eval()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    got = block(x, mask_mod=fn, block_size=BLOCK)
+    assert_close(got, block(x, mask=dense_from(fn, T, T)))
+
+    config = LMConfig(vocab_size=50, dim=C, num_layers=2, num_heads=H, position="rope",
+                      norm="rmsnorm", mlp="swiglu")  # fmt: skip
+    lm = CausalLM(config).double().eval()
+    ids = torch.randint(0, 50, (B, T))
+    h = lm.hidden_states(ids, mask_mod=fn, block_size=BLOCK)
+    x = lm.tok(ids)
+    for layer in lm.layers:
+        x = layer(x, mask=masks.causal(T) & dense_from(fn, T, T), positions=torch.arange(T))
+    assert_close(h, lm.norm_f(x))
+    assert_close(lm(ids, mask_mod=fn), lm.logits(h))
+
+
+def test_where_mask_mod_cannot_apply_the_module_says_so():
+    mha = MultiHeadAttention(C, H, dtype=torch.float64)
+    fn = PATTERNS["dilated"]
+    packed = torch.randn(9, C, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"mask_mod, block_size cannot be combined with lengths"):
+        mha(packed, lengths=[4, 5], mask_mod=fn, block_size=1)
+    cache = StaticKVCache(B, H, C // H, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"mask_mod= need keys in position order"):
+        mha(torch.randn(B, 3, C, dtype=torch.float64), cache=cache, causal=True, mask_mod=fn)
+    ring = RingRunner(None, "contiguous", 4)  # type: ignore[arg-type]  (refused before the ring)
+    with pytest.raises(ValueError, match=r"mask_mod cannot be used under sequence parallelism"):
+        ring(mha, torch.randn(B, T, C, dtype=torch.float64), mask_mod=fn)
+
+
+# -- bad inputs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "block_size, error, match",
+    [
+        (5, ValueError, r"block_size 5 .*Tq=24 and the key length Tk=24"),
+        ((4, 5), ValueError, r"block_size \(4, 5\) .*Tk=24"),
+        (0, ValueError, "block_size must be a positive int"),
+        ((4, -1), ValueError, "block_size must be a positive int"),
+        ((4, 4, 4), ValueError, "block_size must be a positive int"),
+        (True, TypeError, "block_size must be an int"),
+        (4.0, TypeError, "block_size must be an int"),
+    ],
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_block_size(block_size, error, match, backend):
+    q, k, v = qkv(T, T)
+    with pytest.raises(error, match=match):
+        attention(q, k, v, mask_mod=PATTERNS["dilated"], block_size=block_size, backend=backend)
+    with pytest.raises(error, match=match):
+        explain(q, k, v, mask_mod=PATTERNS["dilated"], block_size=block_size)
+
+
+def test_block_size_without_mask_mod_is_refused():
+    q, k, v = qkv(T, T)
+    with pytest.raises(ValueError, match="block_size=8 was given without mask_mod"):
+        attention(q, k, v, causal=True, block_size=8)
+
+
+def test_mask_mod_must_be_callable():
+    q, k, v = qkv(T, T)
+    with pytest.raises(TypeError, match=r"mask_mod must be a function .* got str"):
+        attention(q, k, v, mask_mod="causal")
+
+
+@pytest.mark.parametrize(
+    "fn, error, match",
+    [
+        (lambda b, h, q, k: (q - k).float(), TypeError, "mask_mod must return a boolean .*float32"),
+        (lambda b, h, q, k: True, TypeError, "mask_mod must return a boolean tensor.* got bool"),
+        (
+            lambda b, h, q, k: torch.ones(5, 7, dtype=torch.bool),
+            ValueError,
+            r"mask_mod returned shape \(5, 7\), which does not broadcast",
+        ),
+        (
+            lambda b, h, q, k: (q >= k)[None],
+            ValueError,
+            r"mask_mod returned shape \(1, 1, 1, \d+, \d+\)",
+        ),
+    ],
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_mask_mod_results(fn, error, match, backend):
+    q, k, v = qkv(T, T)
+    with pytest.raises(error, match=match):
+        attention(q, k, v, mask_mod=fn, block_size=BLOCK, backend=backend)
