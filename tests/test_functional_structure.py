@@ -197,8 +197,8 @@ def test_auto_runs_tiled_on_cpu_for_large_structured_calls_only():
     why_small = explain(small, small, small, causal=True, window=4)
     assert why_small.chosen == "sdpa" and "tiled" in why_small.not_preferred
     assert "auto does not pick it" in str(why_small)
-    why = explain(big, big, big, causal=True, window=64, dropout_p=0.1)
-    assert why.chosen == "sdpa" and "dropout" in " ".join(why.reasons["tiled"])
+    # training with dropout stays tiled (keep masks per tile: test_functional_structure_dropout)
+    assert explain(big, big, big, causal=True, window=64, dropout_p=0.1).chosen == "tiled"
     assert explain(big, big, big, window=64, return_weights=True).chosen == "eager"
 
 

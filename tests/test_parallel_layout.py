@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from multihead.functional.dropout_mask import _mix, _mix_int
 from multihead.parallel import (
     dropout_keep_mask,
     layout_segments,
@@ -14,7 +15,6 @@ from multihead.parallel import (
     shard_sequence,
     unshard_sequence,
 )
-from multihead.parallel.dropout import _mix, _mix_int
 from multihead.parallel.layout import segments_from_lengths
 from multihead.parallel.schedule import tile_pairs, work
 

@@ -8,7 +8,7 @@
   `sequence_parallel(model, group)` makes a model's self-attention run that way.
 """
 
-from .dropout import dropout_keep_mask
+from ..functional.dropout_mask import dropout_keep_mask
 from .gather import gather_sequence
 from .layout import (
     LAYOUTS,

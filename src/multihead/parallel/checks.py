@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..functional.dropout_mask import check_seed
 from ..functional.structure import check_integer_ids, check_window
-from .dropout import check_seed
 from .input_agreement import DEFAULT_TIMEOUT, all_gather_within
 from .layout import LAYOUTS, Segment, check_layout, segments_from_lengths
 from .ring import Ring

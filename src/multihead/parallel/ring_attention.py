@@ -16,9 +16,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..functional.dropout_mask import dropout_keep_mask
 from ..functional.tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 from .checks import BiasFn, RingSetup, check_bias, prepare
-from .dropout import dropout_keep_mask
 from .ring import GRADS_TAG, KEYS_TAG, Transfer
 from .schedule import TilePair, tile_pairs
 

@@ -5,7 +5,8 @@ mask, partial tiles with a small one, merged by log-sum-exp with the tile code r
 uses (`functional.tiles`). The backward pass recomputes each tile from the saved log-sum-exp.
 No (Tq, Tk) tensor is built.
 
-It is the default on CPU for structured calls above a small size (`tiled_prefer`); on other
+It is the default on CPU for structured calls above a small size (`tiled_prefer`), with or
+without attention dropout (keep masks per tile, `functional.dropout_mask`); on other
 devices `auto` leaves them to the fused kernels (with the dense mask). A query row with no
 allowed key returns zeros (output and gradients); NaN in q, k, v or bias reaches the rows that
 attend to it.
@@ -22,6 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from ...value_checks import may_read
 from ..call import AttentionCall
+from ..dropout_mask import dropout_keep_mask
 from ..mask_mod import mod_mask, tile_classifier
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
@@ -40,8 +42,6 @@ def tiled_why_not(call: AttentionCall) -> list[str]:
     reasons = []
     if call.return_weights:
         reasons.append("it cannot return attention weights (the eager backend can)")
-    if call.dropout_p > 0.0:
-        reasons.append("it has no attention dropout (sdpa and eager apply it to the dense mask)")
     if torch.compiler.is_compiling():
         # Dynamo cannot trace its autograd.Function (a plan of Python tiles): compiled code
         # runs sdpa under the dense mask instead, which traces.
@@ -67,7 +67,13 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     # kernel call over a band (tile_band.py; the plan keeps the blocks it leaves: the first
     # few, a short last one), documents in contiguous runs as one call per document
     # (tile_segments.py).
-    fused = kernel_runs(q)
+    # Attention dropout runs the plain-torch tiles, each with its keep mask from a seed and the
+    # entries' global coordinates (`functional.dropout_mask`, ring attention's rule), so the
+    # backward pass recomputes exactly the entries the forward pass dropped.
+    dropout = None
+    if call.dropout_p > 0.0:
+        dropout = (call.dropout_p, _draw_seed())
+    fused = kernel_runs(q) and dropout is None
     band = band_plan(structure, call.causal, mask, bias, q, k) if fused else None
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
     block: int | tuple[int, int] = band.block if band is not None else block_size(structure)
@@ -86,10 +92,27 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
-    setup = (indexed, block, band, segments, structure, call.causal, call.scale)
+    setup = (indexed, block, band, segments, structure, call.causal, call.scale, dropout)
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
     return out, None
+
+
+def _draw_seed() -> int:
+    """A dropout seed from torch's default CPU generator (so torch.manual_seed repeats a run);
+    a host integer, read from the CPU generator whatever the inputs' device."""
+    return int(torch.randint(0, 2**62, (), dtype=torch.long))
+
+
+def _keep(tile: Tile, dropout, B: int, H: int, offset: int, device) -> Tensor | None:
+    """The tile's (B, H, rows, keys) dropout keep mask, None without dropout. Coordinates are
+    positions among the keys, queries bottom-right aligned (as the structure's)."""
+    if dropout is None:
+        return None
+    p, seed = dropout
+    rows = torch.arange(tile.q0 + offset, tile.q1 + offset, device=device)
+    keys = torch.arange(tile.k0, tile.k1, device=device)
+    return dropout_keep_mask(seed, p, B, H, rows, keys)
 
 
 def _slice(t: Tensor | None, tile: Tile) -> Tensor | None:
@@ -125,7 +148,7 @@ def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, q, 
 
 
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
-    rows, block, band, segments, structure, causal, scale = setup
+    rows, block, band, segments, structure, causal, scale, dropout = setup
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     acc = accumulation_dtype(q.dtype)
@@ -133,7 +156,7 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     # with nothing to attend), so the buffers start uninitialised.
     out = torch.empty(B, H, tq, v.shape[3], dtype=acc, device=q.device)
     lse = torch.empty((B, H, tq), dtype=acc, device=q.device)
-    fused = kernel_runs(q)
+    fused = kernel_runs(q) and dropout is None
     if band is not None:
         band_forward(q, k, v, band, scale, out, lse)
     if segments is not None:
@@ -154,8 +177,9 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
                 o, l = kernel_forward(q_t, k_t, v_t, allowed, bias_t, scale, diagonal)
             else:
                 o, l = tile_forward(
-                    q_t, k_t, v_t, scale=scale, allowed=allowed, bias=bias_t, keep=None,
-                    dropout_p=0.0,
+                    q_t, k_t, v_t, scale=scale, allowed=allowed, bias=bias_t,
+                    keep=_keep(tile, dropout, B, H, tk - tq, q.device),
+                    dropout_p=0.0 if dropout is None else dropout[0],
                 )  # fmt: skip
             if n == 0:  # the row's first span: nothing to merge with yet
                 out[:, :, tile.q0 : tile.q1] = o
@@ -189,7 +213,7 @@ class _Tiled(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
-        rows, _, band, segments, structure, causal, scale = ctx.setup
+        rows, _, band, segments, structure, causal, scale, dropout = ctx.setup
         acc = accumulation_dtype(q.dtype)
         tk = k.shape[2]
         if segments is not None:  # every position's gradients come from its document's call
@@ -200,7 +224,8 @@ class _Tiled(torch.autograd.Function):
             dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
         want_bias = bias is not None and ctx.needs_input_grad[4]
         dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
-        fused = kernel_runs(q) and not want_bias  # the kernel gives no score gradient
+        # (the kernel gives no score gradient, and takes no keep mask)
+        fused = kernel_runs(q) and not want_bias and dropout is None
         grad_out = grad_out.contiguous()
         # (B, H, Tq): rowsum(dO * O), which the plain tiles need (the kernel finds its own)
         delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
@@ -227,8 +252,9 @@ class _Tiled(torch.autograd.Function):
                 assert delta is not None
                 dq_t, dk_t, dv_t = tile_backward(
                     q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], lse[:, :, r],
-                    delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t, keep=None,
-                    dropout_p=0.0, bias_grad=ds,
+                    delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t,
+                    keep=_keep(tile, dropout, q.shape[0], q.shape[1], tk - q.shape[2], q.device),
+                    dropout_p=0.0 if dropout is None else dropout[0], bias_grad=ds,
                 )  # fmt: skip
                 dq[:, :, r] += dq_t
                 dk[:, :, c] += dk_t

@@ -61,8 +61,9 @@ def dropout_keep_mask(
 ) -> Tensor:
     """(B, H, Tq, Tk) boolean mask, True = kept, for global positions `q_index` x `k_index`.
 
-    `ring_attention(..., dropout_p=p, dropout_seed=seed)` drops exactly the entries this mask
-    marks False; compute it over `torch.arange(T)` for both to reproduce a run in one process.
+    `ring_attention(..., dropout_p=p, dropout_seed=seed)` and the tiled backend drop exactly
+    the entries this mask marks False; compute it over `torch.arange(T)` for both to reproduce
+    a run in one process.
     """
     seed = check_seed(seed)
     if not 0.0 <= p < 1.0:
