@@ -93,6 +93,9 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
     setup = (indexed, block, band, segments, structure, call.causal, call.scale, dropout)
+    # Tiles slice q, k, v along the sequence: from a module's (B, T, H, D) projections those
+    # slices are strided views, slower to read tile by tile than one contiguous copy.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
     return out, None
