@@ -122,6 +122,18 @@ def test_contiguous_documents_run_one_call_each(spy, causal, hkv, dtype):
     assert spy["segments_backward"] == 1
 
 
+@pytest.mark.parametrize("hkv", [4, 1])
+def test_long_causal_documents_run_in_chunks_and_still_match(spy, hkv):
+    """Documents of 256 .. 2047 positions run as causal chunks (128 or 256) plus the keys before
+    each chunk: 300 -> 128 + 128 + 44, 400 -> 128 x 3 + 16, 520 -> 256 + 256 + 8."""
+    ids = [[0] * 300 + [1] * 400, [2] * 520 + [3] * 180]
+    q, k, v = qkv(2, 4, hkv, 700, torch.float64)
+    out = attention(q, k, v, causal=True, documents=torch.tensor(ids), backend="tiled")
+    assert spy["segments"] == 1
+    ref, _ = reference_attention(q, k, v, mask=document_mask(ids, True))
+    check(out, ref, (q, k, v), torch.float64)
+
+
 def test_a_document_in_two_runs_takes_the_general_plan(spy):
     ids = [[0] * 50 + [1] * 50 + [0] * 100, [2] * 200]  # document 0 comes back
     q, k, v = qkv(2, 2, 2, 200, torch.float64)
