@@ -1,6 +1,6 @@
-"""The tiled backend's two fast paths against the fp64 textbook reference: a causal window alone
-(one batched kernel call over a band, tile_band.py) and documents in contiguous runs (one kernel
-call per document, tile_segments.py). Each case also checks the path was taken (or not),
+"""The tiled backend's fast paths against the fp64 textbook reference: a causal window alone
+(one batched kernel call over a band, tile_band.py), documents in contiguous runs (kernel calls
+per document, tile_segments.py) and an int prefix (three large calls, tile_prefix.py). Each case also checks the path was taken (or not),
 so a plan change cannot silently send these shapes back to the general tile loop."""
 
 import pytest
@@ -34,7 +34,10 @@ def document_mask(ids, causal):
 @pytest.fixture
 def spy(monkeypatch):
     """Counts calls of the fast paths' forward and backward functions."""
-    calls = {"band": 0, "band_backward": 0, "segments": 0, "segments_backward": 0}
+    calls = {
+        "band": 0, "band_backward": 0, "segments": 0, "segments_backward": 0, "prefix": 0,
+        "prefix_backward": 0,
+    }  # fmt: skip
 
     def wrap(name, key):
         real = getattr(tiled_backend, name)
@@ -49,6 +52,8 @@ def spy(monkeypatch):
     wrap("band_backward", "band_backward")
     wrap("segments_forward", "segments")
     wrap("segments_backward", "segments_backward")
+    wrap("prefix_forward", "prefix")
+    wrap("prefix_backward", "prefix_backward")
     return calls
 
 
@@ -162,3 +167,41 @@ def test_nan_in_a_value_reaches_the_rows_whose_window_holds_it_and_no_far_row(sp
     # Inside a block's band a blocked NaN value spreads as 0 * NaN (as in the dense backends,
     # where it reaches every row); rows more than a block (32 rows here) away never meet it.
     assert not rows[: 150 - 32].any() and not rows[150 + 64 + 32 :].any()
+
+
+def prefix_mask(T, P):
+    """(1, 1, T, T): causal, and the first P positions see each other both ways."""
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    return ((j <= i) | ((i < P) & (j < P)))[None, None]
+
+
+@pytest.mark.parametrize("P", [0, 1, 37, 130, 200])
+@pytest.mark.parametrize("hkv", [4, 1])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_int_prefix_runs_as_three_large_calls(spy, P, hkv, dtype):
+    q, k, v = qkv(2, 4, hkv, 200, dtype)
+    out = attention(q, k, v, causal=True, prefix=P, backend="tiled")
+    assert spy["prefix"] == 1
+    ref, _ = reference_attention(q, k, v, mask=prefix_mask(200, P))
+    check(out, ref, (q, k, v), dtype)
+    assert spy["prefix_backward"] == 1
+
+
+def test_a_prefix_per_row_or_with_a_window_takes_the_general_plan(spy):
+    q, k, v = qkv(2, 2, 2, 200, torch.float64)
+    out = attention(q, k, v, causal=True, prefix=torch.tensor([30, 90]), backend="tiled")
+    mask = torch.cat([prefix_mask(200, 30), prefix_mask(200, 90)])
+    ref, _ = reference_attention(q, k, v, mask=mask)
+    check(out, ref, (q, k, v), torch.float64)
+    out = attention(q, k, v, causal=True, prefix=60, window=50, backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=prefix_mask(200, 60) & window_mask_both(200, 50))
+    check(out, ref, (q, k, v), torch.float64)
+    assert spy["prefix"] == 0
+
+
+def window_mask_both(T, W):
+    """(1, 1, T, T): |i - j| < W (an int window without causality cutting its right side)."""
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    return ((j - i).abs() < W)[None, None]

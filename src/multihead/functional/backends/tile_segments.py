@@ -4,8 +4,9 @@ document, causal inside it when the call is, instead of a plan of tiles.
 Each row belongs to one document, so a document's calls give that row's final output and
 log-sum-exp: no mask, and the backward pass is one kernel backward per call. A causal document
 of a few hundred positions runs in chunks (`_chunks`: each chunk causal on its own keys, plus
-one call over the keys before it, merged by log-sum-exp), which torch's kernel runs cheaper. Ids that come back after another document (a document split in two runs) are not
-contiguous: the general tile plan serves those calls (`segment_plan` returns None).
+one call over the keys before it, merged by log-sum-exp), which torch's kernel runs cheaper.
+Ids that come back after another document (a document split in two runs) are not contiguous:
+the general tile plan serves those calls (`segment_plan` returns None).
 
 Shapes: q (B, H, T, D), k / v (B, Hkv, T, D / Dv) (the kernel reads grouped heads itself);
 documents (B, T); out (B, H, T, Dv), lse (B, H, T); a plan lists (b, start, stop) runs.

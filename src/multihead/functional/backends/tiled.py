@@ -17,6 +17,8 @@ lse (B, H, Tq); mask / bias 4-D, broadcastable to (B, H, Tq, Tk).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -28,8 +30,9 @@ from ..mask_mod import mod_mask, tile_classifier
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
-from .tile_band import band_backward, band_forward, band_gradient_buffers, band_plan
+from .tile_band import BandPlan, band_backward, band_forward, band_gradient_buffers, band_plan
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
+from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
 from .tile_segments import segment_plan, segments_backward, segments_forward
 
 # Below this many (query, key) pairs per head, sdpa under the dense mask (at most 1 MB of
@@ -63,10 +66,10 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     structure = call.structure
     B, H, tq, _ = q.shape
     tk = k.shape[2]
-    # Two common shapes skip the general plan: a causal window alone runs as one batched
+    # Three common shapes skip the general plan: a causal window alone runs as one batched
     # kernel call over a band (tile_band.py; the plan keeps the blocks it leaves: the first
-    # few, a short last one), documents in contiguous runs as one call per document
-    # (tile_segments.py).
+    # few, a short last one), documents in contiguous runs as calls per document
+    # (tile_segments.py), an int prefix as three large calls (tile_prefix.py).
     # Attention dropout runs the plain-torch tiles, each with its keep mask from a seed and the
     # entries' global coordinates (`functional.dropout_mask`, ring attention's rule), so the
     # backward pass recomputes exactly the entries the forward pass dropped.
@@ -76,6 +79,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     fused = kernel_runs(q) and dropout is None
     band = band_plan(structure, call.causal, mask, bias, q, k) if fused else None
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
+    prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
     block: int | tuple[int, int] = band.block if band is not None else block_size(structure)
     kind = None
     if structure is not None and structure.mask_mod is not None and structure.block is not None:
@@ -83,7 +87,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         block = structure.block
         kind = tile_classifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
     rows = []
-    if segments is None:
+    if segments is None and prefix_p is None:
         rows = plan_tiles(structure, call.causal, B, H, tq, tk, block, kind)
     # (query block index, its tiles): the fast paths leave the general plan some blocks or none
     indexed = [(i, row) for i, row in enumerate(rows)]
@@ -92,13 +96,29 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
-    setup = (indexed, block, band, segments, structure, call.causal, call.scale, dropout)
+    setup = _Setup(
+        indexed, block, band, segments, prefix_p, structure, call.causal, call.scale, dropout
+    )
     # Tiles slice q, k, v along the sequence: from a module's (B, T, H, D) projections those
     # slices are strided views, slower to read tile by tile than one contiguous copy.
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
     return out, None
+
+
+class _Setup(NamedTuple):
+    """What the autograd.Function's forward and backward share besides tensors."""
+
+    rows: list  # (query block index, its tiles) the general plan runs
+    block: int | tuple[int, int]  # rows (and keys) per block of the plan
+    band: BandPlan | None  # the causal-window fast path
+    segments: list | None  # the documents fast path
+    prefix: int | None  # the prefix fast path's P
+    structure: Structure | None
+    causal: bool
+    scale: float
+    dropout: tuple[float, int] | None  # (p, seed)
 
 
 def _draw_seed() -> int:
@@ -151,7 +171,7 @@ def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, q, 
 
 
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
-    rows, block, band, segments, structure, causal, scale, dropout = setup
+    rows, block, band, segments, prefix_p, structure, causal, scale, dropout = setup
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     acc = accumulation_dtype(q.dtype)
@@ -164,6 +184,8 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
         band_forward(q, k, v, band, scale, out, lse)
     if segments is not None:
         segments_forward(q, k, v, segments, causal, scale, out, lse)
+    if prefix_p is not None:
+        prefix_forward(q, k, v, prefix_p, scale, out, lse)
     rows_per_block = block if isinstance(block, int) else block[0]
     for i, tiles in rows:
         if not tiles:
@@ -216,10 +238,10 @@ class _Tiled(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
-        rows, _, band, segments, structure, causal, scale, dropout = ctx.setup
+        rows, _, band, segments, prefix_p, structure, causal, scale, dropout = ctx.setup
         acc = accumulation_dtype(q.dtype)
         tk = k.shape[2]
-        if segments is not None:  # every position's gradients come from its document's call
+        if segments is not None or prefix_p is not None:  # they write every gradient
             dq, dk, dv = (torch.empty(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
         elif band is not None:  # zeros only where the band does not write first
             dq, dk, dv = band_gradient_buffers(q, k, v, band, acc)
@@ -236,6 +258,8 @@ class _Tiled(torch.autograd.Function):
             band_backward(q, k, v, grad_out, out, lse, band, scale, dq, dk, dv)
         if segments is not None:
             segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
+        if prefix_p is not None:
+            prefix_backward(q, k, v, grad_out, out, lse, prefix_p, scale, dq, dk, dv)
         for _, tiles in rows:
             for tile in tiles:
                 allowed, bias_t, diagonal = _tile_masks(
