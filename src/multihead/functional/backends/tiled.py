@@ -99,9 +99,11 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     setup = _Setup(
         indexed, block, band, segments, prefix_p, structure, call.causal, call.scale, dropout
     )
-    # Tiles slice q, k, v along the sequence: from a module's (B, T, H, D) projections those
-    # slices are strided views, slower to read tile by tile than one contiguous copy.
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
+    # projections those are strided views, slower to read tile by tile than one contiguous
+    # copy. (The fast paths' few large calls read strided inputs at full speed.)
+    if any(tiles for _, tiles in indexed):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
     return out, None
