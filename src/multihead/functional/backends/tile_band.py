@@ -28,8 +28,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-NEG_INF = float("-inf")
-KERNEL_DTYPES = (torch.float32, torch.float64)
+from .tile_kernel import additive_mask, flash_backward, flash_forward, serves_alone
+
 # The band's key gradients come back as one (n, L + b, D) tensor per head: (L + b) / b copies
 # of k. Wide windows get larger blocks to keep that to a few copies.
 MAX_BAND_BLOCKS = 6
@@ -65,16 +65,10 @@ def band_block(left: int) -> int:
 def band_plan(structure, causal: bool, mask, bias, q: Tensor, k: Tensor) -> BandPlan | None:
     """The plan of a call this path serves (a causal window alone: no documents, prefix,
     mask_mod, mask or bias; square, on the fused kernel's dtypes), else None."""
-    if structure is None or structure.window is None or not causal:
-        return None
-    if structure.documents is not None or structure.prefix is not None:
-        return None
-    if structure.mask_mod is not None:  # its tiles are classified by evaluating it
-        return None
-    if mask is not None or bias is not None or q.shape[2] != k.shape[2]:
+    if not causal or not serves_alone("window", structure, mask, bias, q, k):
         return None
     left = structure.window[0]  # (causality cuts the window's right side)
-    if left < 1 or q.dtype not in KERNEL_DTYPES:
+    if left < 1:
         return None
     b = band_block(left)
     first, stop = -(-left // b), q.shape[2] // b
@@ -87,10 +81,9 @@ def _band_mask(plan: BandPlan, dtype, device) -> Tensor:
     """(1, 1, b, L + b) additive mask: row r sees columns r .. r + L."""
     r = torch.arange(plan.block, device=device)[:, None]
     c = torch.arange(plan.width, device=device)[None, :]
-    allowed = (c >= r) & (c <= r + plan.left)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, NEG_INF)[
-        None, None
-    ]
+    mask = additive_mask((c >= r) & (c <= r + plan.left), None, dtype)
+    assert mask is not None
+    return mask[None, None]
 
 
 def _blocks(x: Tensor, plan: BandPlan) -> Tensor:
@@ -115,7 +108,7 @@ def band_forward(q, k, v, plan: BandPlan, scale: float, out: Tensor, lse: Tensor
     """Write the planned blocks' rows of out (B, H, T, Dv) and lse (B, H, T)."""
     B, H, _, _ = q.shape
     n, b = plan.stop - plan.first, plan.block
-    o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+    o, l = flash_forward(
         _blocks(q, plan), _band(k, plan, H), _band(v, plan, H),
         attn_mask=_band_mask(plan, q.dtype, q.device), scale=scale,
     )  # fmt: skip
@@ -179,7 +172,7 @@ def _band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq
     B, H, _, _ = q.shape
     Hkv = k.shape[1]
     n, b = plan.stop - plan.first, plan.block
-    dq_t, dk_t, dv_t = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+    dq_t, dk_t, dv_t = flash_backward(
         _blocks(grad_out, plan), _blocks(q, plan), _band(k, plan, H), _band(v, plan, H),
         _blocks(out.to(q.dtype), plan), lse[:, :, plan.rows].reshape(B * H, n, b), 0.0, False,
         attn_mask=_band_mask(plan, q.dtype, q.device), scale=scale,

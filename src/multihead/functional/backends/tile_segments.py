@@ -20,8 +20,7 @@ import torch
 from torch import Tensor
 
 from ...value_checks import may_read
-from ..tiles import merge_into
-from .tile_kernel import KERNEL_DTYPES
+from .tile_kernel import run_backward, run_forward, serves_alone
 
 Segment = tuple[int, int, int]  # (batch row, first position, one past the last)
 
@@ -30,16 +29,10 @@ def segment_plan(structure, mask, bias, q: Tensor, k: Tensor) -> list[Segment] |
     """Every document's run, when a call has documents alone (no window, prefix, mask_mod,
     mask or bias), square, on the kernel's dtypes, with ids readable for free and each id in
     one run per row."""
-    if structure is None or structure.documents is None:
-        return None
-    if structure.window is not None or structure.prefix is not None:
-        return None
-    if structure.mask_mod is not None:  # its tiles are classified by evaluating it
-        return None
-    if mask is not None or bias is not None or q.shape[2] != k.shape[2]:
+    if not serves_alone("documents", structure, mask, bias, q, k):
         return None
     docs = structure.documents
-    if q.dtype not in KERNEL_DTYPES or not may_read(docs):
+    if not may_read(docs):
         return None
     T = docs.shape[1]
     change = torch.ones(docs.shape, dtype=torch.bool, device=docs.device)
@@ -69,20 +62,12 @@ def _chunks(s: int, e: int, causal: bool) -> list[int]:
 
 
 def segments_forward(q, k, v, segments, causal: bool, scale: float, out, lse) -> None:
-    """Write out (B, H, T, Dv) and lse (B, H, T) document by document."""
-    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    """Write out (B, H, T, Dv) and lse (B, H, T) document by document, chunk by chunk."""
     for b, s, e in segments:
-        cuts = _chunks(s, e, causal)
-        for c0, c1 in itertools.pairwise(cuts):
-            rows = (slice(b, b + 1), slice(None), slice(c0, c1))
-            o, l = kernel(q[rows], k[rows], v[rows], is_causal=causal, scale=scale)
-            if c0 > s:  # the keys of the document before this chunk: every pair allowed
-                before = (slice(b, b + 1), slice(None), slice(s, c0))
-                o2, l2 = kernel(q[rows], k[before], v[before], scale=scale)
-                o, l = o.contiguous(), l.contiguous()
-                merge_into(o, l, o2, l2)
-            out[rows] = o
-            lse[rows] = l
+        row = slice(b, b + 1)
+        for c0, c1 in itertools.pairwise(_chunks(s, e, causal)):
+            o, l = run_forward(q[row], k[row], v[row], c0, c1, s, causal, scale)
+            out[row, :, c0:c1], lse[row, :, c0:c1] = o, l
 
 
 def segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv) -> None:
@@ -90,18 +75,10 @@ def segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, 
     one document: its gradients come from that document's calls alone). Chunks run in order:
     each writes its own rows and keys, then adds to the keys before it, written already."""
     out = out.to(q.dtype)
-    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     for b, s, e in segments:
-        cuts = _chunks(s, e, causal)
-        for c0, c1 in itertools.pairwise(cuts):
-            r = (slice(b, b + 1), slice(None), slice(c0, c1))
-            g, o, l = grad_out[r], out[r], lse[r].to(q.dtype)
-            dq[r], dk[r], dv[r] = kernel(g, q[r], k[r], v[r], o, l, 0.0, causal, scale=scale)
-            if c0 > s:
-                before = (slice(b, b + 1), slice(None), slice(s, c0))
-                dq_t, dk_t, dv_t = kernel(
-                    g, q[r], k[before], v[before], o, l, 0.0, False, scale=scale
-                )
-                dq[r] += dq_t
-                dk[before] += dk_t
-                dv[before] += dv_t
+        r = slice(b, b + 1)
+        for c0, c1 in itertools.pairwise(_chunks(s, e, causal)):
+            run_backward(
+                q[r], k[r], v[r], grad_out[r], out[r], lse[r], c0, c1, s, causal, scale,
+                dq[r], dk[r], dv[r],
+            )  # fmt: skip
