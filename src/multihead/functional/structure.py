@@ -78,6 +78,18 @@ def check_integer_ids(name: str, t: Tensor, shape: tuple[int, ...], device: torc
         raise ValueError(f"{name} is on {t.device} but the inputs are on {device}")
 
 
+def check_document_ids(
+    documents: object, shape: tuple[int, int], layout: str, device: torch.device
+) -> Tensor:
+    """`documents=`: a `layout` (e.g. "(B, Tk)") integer tensor of `shape` on `device`."""
+    if not isinstance(documents, Tensor):
+        raise TypeError(
+            f"documents must be a {layout} integer tensor or None, got {type(documents).__name__}"
+        )
+    check_integer_ids("documents", documents, shape, device)
+    return documents
+
+
 def check_structure(
     window: object,
     documents: object,
@@ -95,12 +107,7 @@ def check_structure(
         return None
     win = None if window is None else check_window(window)
     if documents is not None:
-        if not isinstance(documents, Tensor):
-            raise TypeError(
-                "documents must be a (B, Tk) integer tensor or None, got "
-                f"{type(documents).__name__}"
-            )
-        check_integer_ids("documents", documents, (batch, tk), device)
+        documents = check_document_ids(documents, (batch, tk), "(B, Tk)", device)
         if tq > tk:
             raise ValueError(
                 f"documents need at least as many keys as queries (Tq={tq} > Tk={tk}): "

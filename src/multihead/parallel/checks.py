@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..functional.dropout_mask import check_seed
-from ..functional.structure import check_integer_ids, check_window
+from ..functional.structure import check_document_ids, check_window
 from .input_agreement import DEFAULT_TIMEOUT, all_gather_within
 from .layout import LAYOUTS, Segment, check_layout, segments_from_lengths
 from .ring import Ring
@@ -254,12 +254,8 @@ def prepare(
         _check_key_mask(key_mask, q)
         win = None if window is None else check_window(window)
         if documents is not None:
-            if not isinstance(documents, Tensor):
-                raise TypeError(
-                    "documents must be a (B, T/P) integer tensor or None, got "
-                    f"{type(documents).__name__}"
-                )
-            check_integer_ids("documents", documents, (q.shape[0], q.shape[2]), q.device)
+            shape = (q.shape[0], q.shape[2])
+            check_document_ids(documents, shape, "(B, T/P)", q.device)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         scale_f = _check_scale(scale, q.shape[3])
