@@ -102,3 +102,29 @@ def reference_mha(
         all_weights.append(w[:, 0])
     concat = torch.cat(heads, dim=-1)  # (B, Tq, H*D)
     return lin(concat, w_o, b_o), torch.stack(all_weights, dim=1)
+
+
+def structure_mask_pairwise(
+    batch: int, tq: int, tk: int, *, causal=False, window=None, documents=None, prefix=None
+) -> Tensor:
+    """(batch, 1, Tq, Tk) may-attend mask of a structured call, written out pair by pair from
+    the definitions: query i sits at position p = i + Tk - Tq (bottom-right); causal: j <= p, or
+    both before the prefix (an int, or one per row); window W: p - W + 1 <= j <= p + W - 1, or
+    (left, right); documents (batch lists of ids): the same document."""
+    if isinstance(window, int):
+        window = (window - 1, window - 1)
+    out = torch.zeros(batch, 1, tq, tk, dtype=torch.bool)
+    for b in range(batch):
+        p_len = prefix[b] if isinstance(prefix, (list, tuple)) else prefix
+        for i in range(tq):
+            p = i + tk - tq
+            for j in range(tk):
+                ok = True
+                if causal:
+                    ok = j <= p or (p_len is not None and p < p_len and j < p_len)
+                if window is not None:
+                    ok = ok and p - window[0] <= j <= p + window[1]
+                if documents is not None:
+                    ok = ok and documents[b][p] == documents[b][j]
+                out[b, 0, i, j] = ok
+    return out

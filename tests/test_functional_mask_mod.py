@@ -9,6 +9,7 @@ flex_attention on one pattern; every bad input."""
 import pytest
 import torch
 
+from helpers_spies import count_calls
 from multihead import MultiHeadAttention, attention
 from multihead.functional import explain, masks
 from multihead.functional.backends import tiled as tiled_backend
@@ -22,7 +23,7 @@ from multihead.modules.static_cache import StaticKVCache
 from multihead.parallel.sequence_parallel import RingRunner
 
 from conftest import assert_close
-from reference import reference_attention
+from reference import reference_attention, structure_mask_pairwise
 
 B, H, D = 2, 3, 8
 T = 24  # 6 tiles of 4 each way
@@ -55,24 +56,6 @@ def dense_from(fn, tq, tk, heads=H):
                 for j in range(tk):
                     index = (torch.tensor(b), torch.tensor(h), torch.tensor(p), torch.tensor(j))
                     out[b, h, i, j] = bool(fn(*index))
-    return out
-
-
-def structure_dense(tq, tk, *, causal=False, window=None, documents=None, prefix=None):
-    """(B, 1, Tq, Tk): causality, a window (left, right), documents and a prefix, pair by pair."""
-    out = torch.zeros(B, 1, tq, tk, dtype=torch.bool)
-    for b in range(B):
-        for i in range(tq):
-            p = i + tk - tq
-            for j in range(tk):
-                ok = True
-                if causal:
-                    ok = j <= p or (prefix is not None and p < prefix and j < prefix)
-                if window is not None:
-                    ok = ok and p - window[0] <= j <= p + window[1]
-                if documents is not None:
-                    ok = ok and documents[b][p] == documents[b][j]
-                out[b, 0, i, j] = ok
     return out
 
 
@@ -146,7 +129,7 @@ def test_mask_mod_ands_with_the_structure_and_a_key_mask(backend, name, hkv):
         args["documents"] = torch.tensor(args["documents"])
     out = attention(q, k, v, mask=key_mask, mask_mod=fn, block_size=BLOCK, backend=backend,
                     **args)  # fmt: skip
-    dense = structure_dense(T, T, **case) & key_mask
+    dense = structure_mask_pairwise(B, T, T, **case) & key_mask
     ref, _ = reference_attention(q, k, v, mask=dense & dense_from(fn, T, T))
     check(out, ref, (q, k, v))
 
@@ -200,20 +183,8 @@ def test_default_block_size_leaves_a_shorter_last_tile():
 @pytest.fixture
 def spy(monkeypatch):
     """Counts the tiled backend's fused-kernel tile calls (forward and backward)."""
-    calls = {"forward": 0, "backward": 0}
-
-    def wrap(name, key):
-        real = getattr(tiled_backend, name)
-
-        def counted(*args, **kwargs):
-            calls[key] += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(tiled_backend, name, counted)
-
-    wrap("kernel_forward", "forward")
-    wrap("kernel_backward", "backward")
-    return calls
+    names = {"kernel_forward": "forward", "kernel_backward": "backward"}
+    return count_calls(monkeypatch, tiled_backend, names)
 
 
 def recording(fn, shapes):

@@ -13,7 +13,7 @@ from multihead.functional import explain
 from multihead.functional.backends import tiled as tiled_backend
 
 from conftest import assert_close
-from reference import reference_attention
+from reference import reference_attention, structure_mask_pairwise
 
 B, H, D = 2, 3, 8
 BACKENDS = ["eager", "sdpa", "tiled", "auto"]
@@ -26,25 +26,9 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(tiled_backend, "block_size", lambda structure: 4)
 
 
-def dense_mask(tq, tk, *, causal=False, window=None, documents=None, prefix=None):
+def dense_mask(tq, tk, **structure):
     """(B, 1, Tq, Tk) may-attend mask, written out pair by pair from the definitions."""
-    if isinstance(window, int):
-        window = (window - 1, window - 1)
-    out = torch.zeros(B, 1, tq, tk, dtype=torch.bool)
-    for b in range(B):
-        p_len = prefix[b] if isinstance(prefix, (list, tuple)) else prefix
-        for i in range(tq):
-            p = i + tk - tq  # the query's position among the keys (bottom-right)
-            for j in range(tk):
-                ok = True
-                if causal:
-                    ok = j <= p or (p_len is not None and p < p_len and j < p_len)
-                if window is not None:
-                    ok = ok and p - window[0] <= j <= p + window[1]
-                if documents is not None:
-                    ok = ok and documents[b][p] == documents[b][j]
-                out[b, 0, i, j] = ok
-    return out
+    return structure_mask_pairwise(B, tq, tk, **structure)
 
 
 def qkv(tq, tk, hkv=H, dtype=torch.float64):

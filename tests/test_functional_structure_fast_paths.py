@@ -6,6 +6,7 @@ so a plan change cannot silently send these shapes back to the general tile loop
 import pytest
 import torch
 
+from helpers_spies import count_calls
 from multihead import attention
 from multihead.functional.backends import tiled as tiled_backend
 
@@ -34,27 +35,12 @@ def document_mask(ids, causal):
 @pytest.fixture
 def spy(monkeypatch):
     """Counts calls of the fast paths' forward and backward functions."""
-    calls = {
-        "band": 0, "band_backward": 0, "segments": 0, "segments_backward": 0, "prefix": 0,
-        "prefix_backward": 0,
+    names = {
+        "band_forward": "band", "band_backward": "band_backward",
+        "segments_forward": "segments", "segments_backward": "segments_backward",
+        "prefix_forward": "prefix", "prefix_backward": "prefix_backward",
     }  # fmt: skip
-
-    def wrap(name, key):
-        real = getattr(tiled_backend, name)
-
-        def counted(*args, **kwargs):
-            calls[key] += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(tiled_backend, name, counted)
-
-    wrap("band_forward", "band")
-    wrap("band_backward", "band_backward")
-    wrap("segments_forward", "segments")
-    wrap("segments_backward", "segments_backward")
-    wrap("prefix_forward", "prefix")
-    wrap("prefix_backward", "prefix_backward")
-    return calls
+    return count_calls(monkeypatch, tiled_backend, names)
 
 
 def check(out, ref, inputs, dtype):
