@@ -89,10 +89,10 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     rows = []
     if segments is None and prefix_p is None:
         rows = plan_tiles(structure, call.causal, B, H, tq, tk, block, kind)
-    # (query block index, its tiles): the fast paths leave the general plan some blocks or none
-    indexed = [(i, row) for i, row in enumerate(rows)]
-    if band is not None:
-        indexed = [(i, row) for i, row in indexed if not band.first <= i < band.stop]
+    # (query block index, its tiles): the band leaves the general plan its first few blocks
+    indexed = [
+        (i, row) for i, row in enumerate(rows) if band is None or not band.first <= i < band.stop
+    ]
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
