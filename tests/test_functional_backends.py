@@ -18,7 +18,7 @@ def qkv():
 
 
 def test_builtin_backends_in_priority_order():
-    assert available_backends()[:3] == ["tiled", "sdpa", "eager"]
+    assert available_backends()[:4] == ["tiled", "flex", "sdpa", "eager"]
 
 
 def test_auto_prefers_sdpa_and_weights_route_to_eager():

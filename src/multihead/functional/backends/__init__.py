@@ -1,7 +1,9 @@
 """Attention backends: `sdpa` (fused, preferred), `eager` (reference, returns weights) and
-`tiled` (structured calls: windows, documents, prefixes at the cost of their pairs)."""
+`tiled` (structured calls: windows, documents, prefixes at the cost of their pairs, on CPU) and
+`flex` (torch's flex_attention with a BlockMask: structured calls on CUDA)."""
 
 from .eager import eager_attention
+from .flex import flex_prefer, flex_run, flex_why_not
 from .registry import (
     Backend,
     available_backends,
@@ -22,6 +24,9 @@ register_backend(
     priority=20,
     structured=True,
     prefer=tiled_prefer,
+)
+register_backend(
+    "flex", flex_run, why_not=flex_why_not, priority=15, structured=True, prefer=flex_prefer
 )
 
 __all__ = [
