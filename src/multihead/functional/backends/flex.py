@@ -21,7 +21,11 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # torch >= 2.5
+from torch.nn.attention.flex_attention import (  # torch >= 2.5
+    BlockMask,
+    create_block_mask,
+    flex_attention,
+)
 
 from ..call import AttentionCall
 
@@ -71,13 +75,20 @@ def flex_run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     mask_mod, by_batch, by_head = _mask_mod(call, B, H, tq, tk)
+    compiling = torch.compiler.is_compiling()
     block_mask = None
     if mask_mod is not None:
-        block_mask = create_block_mask(
+        # On CUDA, compiled: the mask function is evaluated block by block (eager
+        # create_block_mask first builds the whole (B or 1, H or 1, Tq, Tk) boolean mask).
+        # Not on CPU: torch 2.13's C++ code generation fails on the documents mask there
+        # (operands of ?: of different VecMask types), and CPU runs here are by name only.
+        eager = compiling or q.device.type != "cuda"
+        make = _eager_block_mask if eager else _compiled_block_mask()
+        block_mask = make(
             mask_mod, B if by_batch else None, H if by_head else None, tq, tk, device=q.device
         )
     # (traced in place inside a compiled region; else the compiled one)
-    run = _eager if torch.compiler.is_compiling() else _compiled()
+    run = _eager if compiling else _compiled()
     out = run(
         q, k, v, score_mod=_score_mod(call.bias, B, H, tq, tk), block_mask=block_mask,
         scale=call.scale, enable_gqa=q.shape[1] != k.shape[1],
@@ -86,6 +97,13 @@ def flex_run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
 
 
 _eager: Callable[..., Tensor] = flex_attention  # (one signature for mypy: it is overloaded)
+_eager_block_mask: Callable[..., BlockMask] = create_block_mask
+
+
+@functools.cache
+def _compiled_block_mask() -> Callable[..., BlockMask]:
+    """create_block_mask compiled once for the process, as torch advises (see `_compiled`)."""
+    return torch.compile(create_block_mask)
 
 
 @functools.cache
