@@ -71,6 +71,31 @@ def test_register_a_backend_in_one_call_and_auto_uses_it():
     assert "doubling" not in available_backends()
 
 
+def test_structure_only_backend_is_never_asked_about_plain_calls():
+    asked = []
+
+    def why_not(call):
+        asked.append(call.structure is not None)
+        return []
+
+    def run(call):
+        return attention(call.q, call.k, call.v, causal=call.causal, backend="eager"), None
+
+    register_backend(
+        "structured-spy", run, why_not=why_not, priority=100, structured=True, structure_only=True
+    )
+    try:
+        q, k, v = qkv()
+        assert explain(q, k, v, causal=True).chosen == "sdpa"
+        attention(q, k, v, causal=True)  # a plain call: auto skips it without a question
+        assert asked.count(False) == 1  # (explain() lists every backend's reasons)
+        attention(q, k, v, causal=True, window=3)  # a structured call is offered to it
+        assert asked[-1] is True
+        assert explain(q, k, v, causal=True, window=3).chosen == "structured-spy"
+    finally:
+        unregister_backend("structured-spy")
+
+
 def test_register_rejects_reserved_name():
     with pytest.raises(ValueError, match=r"auto"):
         register_backend("auto", lambda call: (call.q, None))

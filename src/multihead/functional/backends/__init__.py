@@ -24,9 +24,16 @@ register_backend(
     priority=20,
     structured=True,
     prefer=tiled_prefer,
+    structure_only=True,
 )
 register_backend(
-    "flex", flex_run, why_not=flex_why_not, priority=15, structured=True, prefer=flex_prefer
+    "flex",
+    flex_run,
+    why_not=flex_why_not,
+    priority=15,
+    structured=True,
+    prefer=flex_prefer,
+    structure_only=True,
 )
 
 __all__ = [

@@ -33,6 +33,9 @@ class Backend:
     priority: int = 0
     structured: bool = False  # reads call.structure itself (else it gets the dense mask)
     prefer: PreferFn | None = None  # auto picks it only where this says it pays
+    # auto considers it only for calls with structure: plain calls (the small-call hot path)
+    # skip it without asking why_not or prefer
+    structure_only: bool = False
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -48,15 +51,18 @@ def register_backend(
     replace: bool = False,
     structured: bool = False,
     prefer: PreferFn | None = None,
+    structure_only: bool = False,
 ) -> Backend:
     """Add a backend. `why_not(call)` lists the reasons it cannot run a call (empty = it can);
     `backend="auto"` tries backends from the highest `priority` down, skipping one whose
-    `prefer(call)` is False. `structured=True`: it reads `call.structure` itself."""
+    `prefer(call)` is False. `structured=True`: it reads `call.structure` itself;
+    `structure_only=True`: auto offers it only calls with structure (it still runs any call
+    by name)."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"backend name must be a non-empty string other than 'auto', got {name!r}")
     if name in _BACKENDS and not replace:
         raise ValueError(f"backend {name!r} is already registered (pass replace=True to override)")
-    backend = Backend(name, run, why_not or _always, priority, structured, prefer)
+    backend = Backend(name, run, why_not or _always, priority, structured, prefer, structure_only)
     _BACKENDS[name] = backend
     _ORDER[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
     return backend
@@ -85,6 +91,8 @@ def select_backend(call: AttentionCall, name: str) -> Backend:
     """The backend that runs `call`: the named one (if it can), or the first able one for 'auto'."""
     if name == "auto":
         for backend in _ORDER:
+            if backend.structure_only and call.structure is None:
+                continue
             # why_not first: a backend that refuses (e.g. under tracing) never reaches its cost
             # rule, whose size comparisons would be guards on symbolic shapes
             if not backend.why_not(call) and (backend.prefer is None or backend.prefer(call)):
