@@ -72,6 +72,26 @@ def test_a_causal_window_runs_as_one_band(spy, T, W, hkv, dtype):
     assert spy["band_backward"] == 1
 
 
+@pytest.mark.parametrize("layout", ["expanded", "transposed"])
+def test_the_band_backward_reads_strided_output_gradients(spy, layout):
+    # The band reads grad_out a chunk at a time, never copying it whole: an expanded one (from
+    # out.sum()) and a (B, T, H, D) one (a module's output projection) give the same gradients.
+    T, W = 300, 64
+    q, k, v = qkv(2, 4, 2, T, torch.float64)
+    out = attention(q, k, v, causal=True, window=W, backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
+    if layout == "expanded":
+        got = torch.autograd.grad(out.sum(), (q, k, v))
+        want = torch.autograd.grad(ref.sum(), (q, k, v))
+    else:
+        g = torch.randn(2, T, 4, D, dtype=torch.float64).transpose(1, 2)  # (B, H, T, D) view
+        got = torch.autograd.grad(out, (q, k, v), g)
+        want = torch.autograd.grad(ref, (q, k, v), g)
+    assert spy["band_backward"] == 1
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, torch.float64)
+
+
 def test_a_window_with_a_key_mask_or_cross_lengths_takes_the_general_plan(spy):
     q, k, v = qkv(1, 2, 2, 200, torch.float64)
     key_mask = torch.ones(1, 1, 1, 200, dtype=torch.bool)

@@ -163,19 +163,20 @@ def band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq,
     B, H, _, _ = q.shape
     per_call = max(1, CHUNK_ELEMENTS // (B * H * plan.width * q.shape[3]))
     starts = range(plan.first, plan.stop, per_call)
+    mask = _band_mask(plan, q.dtype, q.device)  # (the same band for every chunk)
     for first in reversed(starts):
         chunk = plan._replace(first=first, stop=min(plan.stop, first + per_call))
-        _band_backward(q, k, v, grad_out, out, lse, chunk, scale, dq, dk, dv)
+        _band_backward(q, k, v, grad_out, out, lse, chunk, scale, mask, dq, dk, dv)
 
 
-def _band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq, dk, dv):
+def _band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, mask, dq, dk, dv):
     B, H, _, _ = q.shape
     Hkv = k.shape[1]
     n, b = plan.stop - plan.first, plan.block
     dq_t, dk_t, dv_t = flash_backward(
         _blocks(grad_out, plan), _blocks(q, plan), _band(k, plan, H), _band(v, plan, H),
         _blocks(out.to(q.dtype), plan), lse[:, :, plan.rows].reshape(B * H, n, b), 0.0, False,
-        attn_mask=_band_mask(plan, q.dtype, q.device), scale=scale,
+        attn_mask=mask, scale=scale,
     )  # fmt: skip
     dq[:, :, plan.rows] = dq_t.reshape(B, H, n * b, -1)
     for grad, g in ((dk, dk_t), (dv, dv_t)):

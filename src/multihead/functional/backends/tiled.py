@@ -253,7 +253,11 @@ class _Tiled(torch.autograd.Function):
         dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
         # (the kernel gives no score gradient, and takes no keep mask)
         fused = kernel_runs(q) and not want_bias and dropout is None
-        grad_out = grad_out.contiguous()
+        if band is None:
+            grad_out = grad_out.contiguous()
+        # (the band reads grad_out a chunk of blocks at a time, copying only that chunk when
+        # it is strided or expanded: a whole contiguous copy is a fresh T-long buffer, whose
+        # first touch costs page faults)
         # (B, H, Tq): rowsum(dO * O), which the plain tiles need (the kernel finds its own)
         delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
         if band is not None:
