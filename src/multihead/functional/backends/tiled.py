@@ -101,8 +101,10 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     )
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
     # projections those are strided views, slower to read tile by tile than one contiguous
-    # copy. (The fast paths' few large calls read strided inputs at full speed.)
-    if any(tiles for _, tiles in indexed):
+    # copy. (The fast paths' few large calls read strided inputs at full speed; with the band
+    # the plan keeps only its first few blocks, which read them strided: measured, module
+    # window 256 at T 4096, 352 -> 346 ms without the copies.)
+    if band is None and any(tiles for _, tiles in indexed):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
