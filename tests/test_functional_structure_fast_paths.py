@@ -11,7 +11,7 @@ from multihead import attention
 from multihead.functional.backends import tiled as tiled_backend
 
 from conftest import assert_close
-from reference import reference_attention
+from reference import reference_attention, structure_mask_pairwise
 
 D = 8
 
@@ -73,13 +73,20 @@ def test_a_causal_window_runs_as_one_band(spy, T, W, hkv, dtype):
 
 
 @pytest.mark.parametrize("layout", ["expanded", "transposed"])
-def test_the_band_backward_reads_strided_output_gradients(spy, layout):
-    # The band reads grad_out a chunk at a time, never copying it whole: an expanded one (from
+@pytest.mark.parametrize("kind", ["band", "segments", "prefix"])
+def test_fast_path_backwards_read_strided_output_gradients(spy, layout, kind):
+    # The fast paths read grad_out in slices, never copying it whole: an expanded one (from
     # out.sum()) and a (B, T, H, D) one (a module's output projection) give the same gradients.
-    T, W = 300, 64
+    T = 300
     q, k, v = qkv(2, 4, 2, T, torch.float64)
-    out = attention(q, k, v, causal=True, window=W, backend="tiled")
-    ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
+    ids = [[0] * 120 + [1] * 100 + [2] * 80, [0] * 300]
+    args, allowed = {
+        "band": ({"window": 64}, window_mask(T, 64)),
+        "segments": ({"documents": torch.tensor(ids)}, document_mask(ids, True)),
+        "prefix": ({"prefix": 70}, structure_mask_pairwise(2, T, T, causal=True, prefix=70)),
+    }[kind]
+    out = attention(q, k, v, causal=True, backend="tiled", **args)
+    ref, _ = reference_attention(q, k, v, mask=allowed, causal=kind != "prefix")
     if layout == "expanded":
         got = torch.autograd.grad(out.sum(), (q, k, v))
         want = torch.autograd.grad(ref.sum(), (q, k, v))
@@ -87,7 +94,7 @@ def test_the_band_backward_reads_strided_output_gradients(spy, layout):
         g = torch.randn(2, T, 4, D, dtype=torch.float64).transpose(1, 2)  # (B, H, T, D) view
         got = torch.autograd.grad(out, (q, k, v), g)
         want = torch.autograd.grad(ref, (q, k, v), g)
-    assert spy["band_backward"] == 1
+    assert spy[f"{kind}_backward"] == 1
     for a, b in zip(got, want, strict=True):
         assert_close(a, b, torch.float64)
 
