@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers_spies import count_calls
+from helpers_structure import B, H, grads, qkv
 from multihead import MultiHeadAttention, attention
 from multihead.functional import explain, masks
 from multihead.functional.backends import tiled as tiled_backend
@@ -25,7 +26,6 @@ from multihead.parallel.sequence_parallel import RingRunner
 from conftest import assert_close
 from reference import reference_attention, structure_mask_pairwise
 
-B, H, D = 2, 3, 8
 T = 24  # 6 tiles of 4 each way
 BLOCK = 4
 BACKENDS = ["eager", "sdpa", "tiled", "auto"]
@@ -57,19 +57,6 @@ def dense_from(fn, tq, tk, heads=H):
                     index = (torch.tensor(b), torch.tensor(h), torch.tensor(p), torch.tensor(j))
                     out[b, h, i, j] = bool(fn(*index))
     return out
-
-
-def qkv(tq, tk, hkv=H, dtype=torch.float64):
-    q = torch.randn(B, H, tq, D, dtype=dtype, requires_grad=True)
-    k = torch.randn(B, hkv, tk, D, dtype=dtype, requires_grad=True)
-    v = torch.randn(B, hkv, tk, D, dtype=dtype, requires_grad=True)
-    return q, k, v
-
-
-def grads(out, *inputs):
-    g = torch.Generator().manual_seed(1)
-    weight = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
-    return torch.autograd.grad((out * weight).sum(), inputs)
 
 
 def check(out, ref, inputs, dtype=None):

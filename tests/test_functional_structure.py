@@ -8,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers_structure import B, H, grads, qkv
 from multihead import attention
 from multihead.functional import explain
 from multihead.functional.backends import tiled as tiled_backend
@@ -15,7 +16,6 @@ from multihead.functional.backends import tiled as tiled_backend
 from conftest import assert_close
 from reference import reference_attention, structure_mask_pairwise
 
-B, H, D = 2, 3, 8
 BACKENDS = ["eager", "sdpa", "tiled", "auto"]
 
 
@@ -29,19 +29,6 @@ def small_tiles(monkeypatch):
 def dense_mask(tq, tk, **structure):
     """(B, 1, Tq, Tk) may-attend mask, written out pair by pair from the definitions."""
     return structure_mask_pairwise(B, tq, tk, **structure)
-
-
-def qkv(tq, tk, hkv=H, dtype=torch.float64):
-    q = torch.randn(B, H, tq, D, dtype=dtype, requires_grad=True)
-    k = torch.randn(B, hkv, tk, D, dtype=dtype, requires_grad=True)
-    v = torch.randn(B, hkv, tk, D, dtype=dtype, requires_grad=True)
-    return q, k, v
-
-
-def grads(out, *inputs):
-    g = torch.Generator().manual_seed(1)
-    weight = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
-    return torch.autograd.grad((out * weight).sum(), inputs)
 
 
 DOCS = [[0] * 5 + [1] * 9 + [2] * 6, [3] * 12 + [4] * 8]  # (B, 20) ids
