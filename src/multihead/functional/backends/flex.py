@@ -29,9 +29,10 @@ from torch.nn.attention.flex_attention import (  # torch >= 2.5
 
 from ..call import AttentionCall
 
+# (the tiled backend's threshold, measured on CPU; unmeasured on CUDA: no GPU was at hand)
+from .tiled import MIN_PAIRS
+
 ModFn = Callable[..., Tensor]
-# The tiled backend's threshold (measured on CPU); unmeasured on CUDA (no GPU was at hand).
-MIN_PAIRS = 1024 * 1024
 INF = float("inf")
 FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # (CPU refuses float64)
 
