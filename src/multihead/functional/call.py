@@ -255,7 +255,8 @@ def make_call(
     if type(dropout_p) is not float or dropout_p != 0.0:
         dropout_p = check_dropout(dropout_p)
     return AttentionCall(
-        q, k, v, mask, bias, causal, resolve_scale(scale, D, scale_rule), dropout_p,
+        q, k, v, mask, bias, causal,
+        default_scale(D) if scale is None else resolve_scale(scale, D, scale_rule), dropout_p,
         return_weights, structure,
     )  # fmt: skip
 

@@ -244,6 +244,17 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         ):
             # The hot path (batched self-attention, no key mask, no cache or a self-attention
             # cache: decoding) needs no more checks.
+            if (
+                hooks is None
+                and not structured
+                and mask is None
+                and positions is None
+                and return_weights is False
+                and self.position is None
+                and self.packed
+                and (cache is None or type(cache) is KVCache)
+            ):
+                return self._plain_forward(query, causal, cache)
             x = Inputs(query, None, None, None, True, False)
         else:
             cross_cache = cache is not None and cache.cross
@@ -282,6 +293,32 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             y = y[0]
             weights = None if weights is None else weights[0]
         return (y, weights) if return_weights else y
+
+    def _plain_forward(self, query: Tensor, causal: bool, cache: KVCache | None) -> Tensor:
+        """The common call, with nothing of the general path's to decide: batched
+        self-attention through the packed projection; no hooks, mask, positions, position
+        scheme or structure of the call's own; no cache or a KVCache. The same four steps as
+        `forward` in the fewest Python calls: at small shapes each costs ~1% of the call
+        (`multihead bench attention`, small calls vs the hand-written floor: a decode step at
+        width 576 1.22x -> 1.20x, an eval call at width 256 1.17x -> 1.15x).
+        query (B, T, C) -> (B, T, C)."""
+        H, Hkv = self.num_heads, self.num_kv_heads
+        # (B, T, C) -> q (B, H, T, D), k, v (B, Hkv, T, D)
+        q, k, v = split_fused(linear(_sub(self, "in_proj"), query), (H, Hkv, Hkv))
+        mask, window = None, None
+        if cache is not None:
+            keys = cache.keys_for(self, k, v, None, causal)
+            k, v, causal, window = keys.k, keys.v, keys.causal, keys.window
+            if keys.key_mask is not None:  # padding the cache remembers: (B, Tk) -> (B, 1, 1, Tk)
+                mask = keys.key_mask[:, None, None, :]
+        call = make_call(
+            q, k, v, mask=mask, causal=causal, dropout_p=self.dropout if self.training else 0.0,
+            window=window, qkv_checked=True,
+        )  # fmt: skip
+        out, _ = dispatch(call)
+        B, H, Tq, Dv = out.shape
+        # (B, H, Tq, Dv) -> (B, Tq, H * Dv), as `_output`
+        return linear(_sub(self, "out_proj"), out.transpose(1, 2).reshape(B, Tq, H * Dv))
 
     # -- step 1: projections ------------------------------------------------------------------
 

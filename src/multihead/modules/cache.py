@@ -90,8 +90,9 @@ class _SelfAttentionCache(_OneModule):
     def _check_layout(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
         """This call's keys k (B, Hkv, T, D), values and key mask (B, T) fit the cache."""
         T = k.shape[2]
-        want = (self.batch_size, self.num_kv_heads, T, self.head_dim)
-        if tuple(k.shape) != want or v.shape[:3] != k.shape[:3] or v.shape[3] != self.value_dim:
+        B, H = self.batch_size, self.num_kv_heads
+        # (torch.Size compares with a tuple as is: no tuple() or slices, ~1 us per decode step)
+        if k.shape != (B, H, T, self.head_dim) or v.shape != (B, H, T, self.value_dim):
             raise ValueError(
                 f"the cache holds (batch {self.batch_size}, kv heads {self.num_kv_heads}, "
                 f"head_dim {self.head_dim}); got keys {tuple(k.shape)} and values {tuple(v.shape)}"

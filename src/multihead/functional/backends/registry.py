@@ -40,6 +40,12 @@ class Backend:
 
 _BACKENDS: dict[str, Backend] = {}
 _ORDER: list[Backend] = []  # by descending priority; rebuilt on registration
+_PLAIN_ORDER: list[Backend] = []  # _ORDER without the structure_only ones: for plain calls
+
+
+def _reorder() -> None:
+    _ORDER[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
+    _PLAIN_ORDER[:] = [b for b in _ORDER if not b.structure_only]
 
 
 def register_backend(
@@ -64,14 +70,14 @@ def register_backend(
         raise ValueError(f"backend {name!r} is already registered (pass replace=True to override)")
     backend = Backend(name, run, why_not or _always, priority, structured, prefer, structure_only)
     _BACKENDS[name] = backend
-    _ORDER[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
+    _reorder()
     return backend
 
 
 def unregister_backend(name: str) -> None:
     get_backend(name)
     del _BACKENDS[name]
-    _ORDER[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
+    _reorder()
 
 
 def get_backend(name: str) -> Backend:
@@ -90,9 +96,7 @@ def available_backends() -> list[str]:
 def select_backend(call: AttentionCall, name: str) -> Backend:
     """The backend that runs `call`: the named one (if it can), or the first able one for 'auto'."""
     if name == "auto":
-        for backend in _ORDER:
-            if backend.structure_only and call.structure is None:
-                continue
+        for backend in _ORDER if call.structure is not None else _PLAIN_ORDER:
             # why_not first: a backend that refuses (e.g. under tracing) never reaches its cost
             # rule, whose size comparisons would be guards on symbolic shapes
             if not backend.why_not(call) and (backend.prefer is None or backend.prefer(call)):

@@ -1,0 +1,101 @@
+"""MultiHeadAttention's plain path (`_plain_forward`: the common call in the fewest Python
+steps) against the general path of `forward` and the fp64 textbook reference: the same answer
+for every call it takes, and it takes exactly the calls with nothing to decide."""
+
+import pytest
+import torch
+
+from helpers_spies import count_calls
+from multihead import MultiHeadAttention
+from multihead.functional import masks
+from multihead.hook_points import HookSession
+from multihead.modules.cache import KVCache
+
+from reference import reference_attention
+
+B, T, C, H = 2, 9, 24, 6
+
+
+def _plain_calls(monkeypatch) -> dict[str, int]:
+    return count_calls(monkeypatch, MultiHeadAttention, {"_plain_forward": "plain"})
+
+
+def _textbook(m: MultiHeadAttention, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The module's math written out in fp64: packed projection, attention, output projection."""
+    Hkv, D = m.num_kv_heads, m.head_dim
+    qkv = torch.nn.functional.linear(x, m.in_proj.weight, m.in_proj.bias)
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = (t.unflatten(-1, (-1, D)).transpose(1, 2) for t in (q, k, v))
+    k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    out, _ = reference_attention(q, k, v, mask=mask)
+    return m.out_proj(out.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("kv_heads", [6, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_plain_call_matches_the_reference_and_takes_the_plain_path(monkeypatch, kv_heads, causal):
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, H, num_kv_heads=kv_heads, causal=causal).double()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    calls = _plain_calls(monkeypatch)
+    out = m(x)
+    assert calls["plain"] == 1
+    mask = masks.causal(T, T) if causal else None
+    torch.testing.assert_close(out, _textbook(m, x, mask))
+    # the general path (a key mask of all True keeps no key out) gives the same answer
+    general = m(x, key_mask=torch.ones(B, T, dtype=torch.bool))
+    assert calls["plain"] == 1
+    torch.testing.assert_close(out, general)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("padded", [False, True])
+def test_decoding_on_the_plain_path_equals_the_reference(monkeypatch, static, window, padded):
+    """Decode steps with a KVCache (static or growing, with a window, holding padding from the
+    prefill) run the plain path and equal full attention under the equivalent dense mask."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, H, num_kv_heads=2, causal=True).double()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    key_mask = torch.ones(B, T, dtype=torch.bool)
+    if padded:
+        key_mask[1, :2] = False  # the second row's first two tokens are padding
+    cache = KVCache(B, 2, 4, max_length=T if static else None, window=window, dtype=torch.float64)
+    calls = _plain_calls(monkeypatch)
+    outs = [m(x[:, :4], cache=cache, key_mask=key_mask[:, :4] if padded else None)]
+    for t in range(4, T):
+        outs.append(m(x[:, t : t + 1], cache=cache))
+    assert calls["plain"] == (T - 4) + (0 if padded else 1)
+    allowed = masks.causal(T, T)
+    if window is not None:
+        allowed = allowed & masks.sliding_window(T, T, window)
+    allowed = allowed & key_mask[:, None, None, :]
+    expected = _textbook(m, x, allowed)
+    got = torch.cat(outs, dim=1)
+    # rows that see no key at all (a padded first token) are zero attention: output bias
+    torch.testing.assert_close(got, expected)
+
+
+def test_calls_with_something_to_decide_take_the_general_path(monkeypatch):
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, H)
+    x = torch.randn(B, T, C)
+    calls = _plain_calls(monkeypatch)
+    m(x, mask=torch.ones(T, T, dtype=torch.bool))
+    m(x, window=3)
+    m(x, return_weights=True)
+    m(x[0])  # unbatched
+    m(x, x.clone())  # cross-attention inputs
+    with HookSession(None).active():  # an open session covering every attention module
+        m(x)
+    assert calls["plain"] == 0
+    m(x)
+    assert calls["plain"] == 1
+
+
+def test_plain_path_refuses_a_mismatched_input_by_name():
+    m = MultiHeadAttention(C, H)
+    with pytest.raises((TypeError, ValueError), match="query"):
+        m(torch.randn(B, T, C, dtype=torch.float64))
+    with pytest.raises(ValueError, match="query"):
+        m(torch.randn(B, T, C + 1))
