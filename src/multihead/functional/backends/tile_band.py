@@ -137,22 +137,21 @@ def _add_band(grad: Tensor, band: Tensor, plan: BandPlan) -> None:
             dst += band[:, :, :, j : j + w]
 
 
-def band_gradient_buffers(q, k, v, plan: BandPlan, dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """dq (B, H, T, D), dk, dv (B, Hkv, T, D) for `band_backward` to write into: zeros only
-    where it does not write first (the general plan's rows of dq; the keys before the band's
-    first run and after its last one of dk and dv), so most of them are never filled twice."""
-    dq, dk, dv = (torch.empty(t.shape, dtype=dtype, device=q.device) for t in (q, k, v))
+def band_zero_unwritten(dq: Tensor, dk: Tensor, dv: Tensor, plan: BandPlan) -> None:
+    """Zero what `band_backward` does not write first in dq (B, H, T, D), dk, dv (B, Hkv, T,
+    D) (the general plan's rows of dq; the keys before the band's first run and after its
+    last one of dk and dv), so that buffers may start uninitialised: most of them are never
+    filled twice."""
     dq[:, :, : plan.rows.start].zero_()
     dq[:, :, plan.rows.stop :].zero_()
     for grad in (dk, dv):
         grad[:, :, : plan.first * plan.block - plan.left].zero_()
         grad[:, :, plan.stop * plan.block - plan.left :].zero_()
-    return dq, dk, dv
 
 
 def band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq, dk, dv):
     """Write the planned blocks' rows of dq (B, H, T, D) and add their shares of dk, dv
-    (B, Hkv, T, D) (see `band_gradient_buffers`), from the global out (B, H, T, Dv) and lse
+    (B, Hkv, T, D) (see `band_zero_unwritten`), from the global out (B, H, T, Dv) and lse
     (B, H, T), a few blocks per kernel call: the kernel's band-sized key gradients then stay a
     few MB (measured: one call over every block spent a sixth of its time filling fresh
     buffers).

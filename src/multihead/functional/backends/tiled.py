@@ -30,8 +30,9 @@ from ..mask_mod import mod_mask, tile_classifier
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
-from .tile_band import BandPlan, band_backward, band_forward, band_gradient_buffers, band_plan
+from .tile_band import BandPlan, band_backward, band_forward, band_plan, band_zero_unwritten
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
+from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
 from .tile_segments import segment_plan, segments_backward, segments_forward
 
@@ -106,8 +107,14 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     # window 256 at T 4096, 352 -> 346 ms without the copies.)
     if band is None and any(tiles for _, tiles in indexed):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # q, k, v as column views of a module's fused projection: the Function takes the
+    # projection itself and writes its gradient in one buffer (tile_packed.py)
+    packed = packed_views(q, k, v) if accumulation_dtype(q.dtype) == q.dtype else None
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
-        out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
+        if packed is not None:
+            out = _TiledPacked.apply(packed.base, mask, bias, docs, prefix_t, setup, packed)
+        else:
+            out = _Tiled.apply(q, k, v, mask, bias, docs, prefix_t, setup)
     return out, None
 
 
@@ -228,6 +235,80 @@ def _add_bias_grad(grad: Tensor, ds: Tensor, bias: Tensor, tile: Tile) -> None:
     grad[:, :, rows, keys] += ds
 
 
+def _gradient_buffers(q, k, v, setup: _Setup, acc, packed: PackedViews | None):
+    """dq, dk, dv (B, H or Hkv, T, D) for the backward to fill, and the fused projection's
+    gradient they are views of (None unless `packed`). The fast paths write every gradient
+    they own (the band: all but a few rows and keys, zeroed here), so their buffers start
+    uninitialised; the general plan adds tile by tile into zeros."""
+    writes = setup.segments is not None or setup.prefix is not None or setup.band is not None
+    if packed is not None:
+        fill = torch.empty if writes and packed.covers else torch.zeros
+        grad_base = fill(packed.base.shape, dtype=acc, device=q.device)
+        dq, dk, dv = take_views(grad_base, packed.views)
+    else:
+        grad_base = None
+        fill = torch.empty if writes else torch.zeros
+        dq, dk, dv = (fill(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
+    if setup.band is not None and fill is torch.empty:
+        band_zero_unwritten(dq, dk, dv, setup.band)
+    return dq, dk, dv, grad_base
+
+
+def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, want_bias: bool):
+    """Fill grads = (dq, dk, dv) (see `_gradient_buffers`); return the bias's gradient (in the
+    accumulation dtype) when `want_bias`, else None."""
+    rows, _, band, segments, prefix_p, structure, causal, scale, dropout = setup
+    dq, dk, dv = grads
+    acc = dq.dtype
+    tk = k.shape[2]
+    dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
+    # (the kernel gives no score gradient, and takes no keep mask)
+    fused = kernel_runs(q) and not want_bias and dropout is None
+    if band is None and segments is None and prefix_p is None:
+        grad_out = grad_out.contiguous()
+    # (the fast paths read grad_out in slices, copied by the kernel only where strided or
+    # expanded: a whole contiguous copy is a fresh T-long buffer whose first touch costs
+    # page faults. Measured, fwd + bwd at T 4096: ~4800 -> ~800 minor faults a window
+    # step; module documents 336 -> 328 ms, prefix 822 -> 812 ms)
+    # (B, H, Tq): rowsum(dO * O), which the plain tiles need (the kernel finds its own)
+    delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
+    if band is not None:
+        band_backward(q, k, v, grad_out, out, lse, band, scale, dq, dk, dv)
+    if segments is not None:
+        segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
+    if prefix_p is not None:
+        prefix_backward(q, k, v, grad_out, out, lse, prefix_p, scale, dq, dk, dv)
+    for _, tiles in rows:
+        for tile in tiles:
+            allowed, bias_t, diagonal = _tile_masks(
+                tile, mask, bias, structure, causal, q, tk, fused
+            )
+            r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
+            ds: list[Tensor] | None = [] if want_bias else None
+            if fused:
+                dq_t, dk_t, dv_t = kernel_backward(
+                    q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], out[:, :, r],
+                    lse[:, :, r], allowed, bias_t, scale, diagonal,
+                )  # fmt: skip
+                dq[:, :, r] += dq_t
+                dk[:, :, c] += dk_t
+                dv[:, :, c] += dv_t
+                continue
+            assert delta is not None
+            dq_t, dk_t, dv_t = tile_backward(
+                q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], lse[:, :, r],
+                delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t,
+                keep=_keep(tile, dropout, q.shape[0], q.shape[1], tk - q.shape[2], q.device),
+                dropout_p=0.0 if dropout is None else dropout[0], bias_grad=ds,
+            )  # fmt: skip
+            dq[:, :, r] += dq_t
+            dk[:, :, c] += dk_t
+            dv[:, :, c] += dv_t
+            if dbias is not None and ds:
+                _add_bias_grad(dbias, ds[0], bias, tile)
+    return dbias
+
+
 class _Tiled(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, bias, docs, prefix_t, setup):
@@ -242,60 +323,41 @@ class _Tiled(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
-        rows, _, band, segments, prefix_p, structure, causal, scale, dropout = ctx.setup
         acc = accumulation_dtype(q.dtype)
-        tk = k.shape[2]
-        if segments is not None or prefix_p is not None:  # they write every gradient
-            dq, dk, dv = (torch.empty(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
-        elif band is not None:  # zeros only where the band does not write first
-            dq, dk, dv = band_gradient_buffers(q, k, v, band, acc)
-        else:
-            dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
+        dq, dk, dv, _ = _gradient_buffers(q, k, v, ctx.setup, acc, None)
         want_bias = bias is not None and ctx.needs_input_grad[4]
-        dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
-        # (the kernel gives no score gradient, and takes no keep mask)
-        fused = kernel_runs(q) and not want_bias and dropout is None
-        if band is None and segments is None and prefix_p is None:
-            grad_out = grad_out.contiguous()
-        # (the fast paths read grad_out in slices, copied by the kernel only where strided or
-        # expanded: a whole contiguous copy is a fresh T-long buffer whose first touch costs
-        # page faults. Measured, fwd + bwd at T 4096: ~4800 -> ~800 minor faults a window
-        # step; module documents 336 -> 328 ms, prefix 822 -> 812 ms)
-        # (B, H, Tq): rowsum(dO * O), which the plain tiles need (the kernel finds its own)
-        delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
-        if band is not None:
-            band_backward(q, k, v, grad_out, out, lse, band, scale, dq, dk, dv)
-        if segments is not None:
-            segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
-        if prefix_p is not None:
-            prefix_backward(q, k, v, grad_out, out, lse, prefix_p, scale, dq, dk, dv)
-        for _, tiles in rows:
-            for tile in tiles:
-                allowed, bias_t, diagonal = _tile_masks(
-                    tile, mask, bias, structure, causal, q, tk, fused
-                )
-                r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
-                ds: list[Tensor] | None = [] if want_bias else None
-                if fused:
-                    dq_t, dk_t, dv_t = kernel_backward(
-                        q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], out[:, :, r],
-                        lse[:, :, r], allowed, bias_t, scale, diagonal,
-                    )  # fmt: skip
-                    dq[:, :, r] += dq_t
-                    dk[:, :, c] += dk_t
-                    dv[:, :, c] += dv_t
-                    continue
-                assert delta is not None
-                dq_t, dk_t, dv_t = tile_backward(
-                    q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], lse[:, :, r],
-                    delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t,
-                    keep=_keep(tile, dropout, q.shape[0], q.shape[1], tk - q.shape[2], q.device),
-                    dropout_p=0.0 if dropout is None else dropout[0], bias_grad=ds,
-                )  # fmt: skip
-                dq[:, :, r] += dq_t
-                dk[:, :, c] += dk_t
-                dv[:, :, c] += dv_t
-                if dbias is not None and ds:
-                    _add_bias_grad(dbias, ds[0], bias, tile)
+        dbias = _backward(
+            q, k, v, mask, bias, out, lse, grad_out, ctx.setup, (dq, dk, dv), want_bias
+        )
         grad_bias = None if dbias is None else dbias.to(bias.dtype)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, grad_bias, None, None, None
+
+
+class _TiledPacked(torch.autograd.Function):
+    """`_Tiled` over q, k, v that are column views of one fused projection (see
+    tile_packed.py): its input is the projection, its gradient one buffer that the backward
+    writes dq, dk and dv into."""
+
+    @staticmethod
+    def forward(ctx, base, mask, bias, docs, prefix_t, setup, packed):
+        q, k, v = take_views(base, packed.views)
+        out, lse = _forward(q, k, v, mask, bias, setup)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(base, mask, bias, docs, prefix_t, out, lse)
+        ctx.setup, ctx.views, ctx.covers = setup, packed.views, packed.covers
+        ctx.mark_non_differentiable(*[t for t in (mask, docs, prefix_t) if t is not None])
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        base, mask, bias, _, _, out, lse = ctx.saved_tensors
+        q, k, v = take_views(base, ctx.views)
+        packed = PackedViews(base, ctx.views, ctx.covers)
+        dq, dk, dv, grad_base = _gradient_buffers(q, k, v, ctx.setup, base.dtype, packed)
+        want_bias = bias is not None and ctx.needs_input_grad[2]
+        dbias = _backward(
+            q, k, v, mask, bias, out, lse, grad_out, ctx.setup, (dq, dk, dv), want_bias
+        )
+        grad_bias = None if dbias is None else dbias.to(bias.dtype)
+        return grad_base, None, grad_bias, None, None, None, None
