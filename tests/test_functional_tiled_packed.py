@@ -95,6 +95,19 @@ def test_overlapping_views_are_not_packed_and_their_gradients_add(packed_calls):
     assert_close(got, want, torch.float64)
 
 
+def test_views_taken_under_no_grad_pass_no_gradient_to_their_base(packed_calls):
+    """torch's rule: a view made under no_grad is a leaf of its own (requires_grad, no
+    grad_fn); the base gets no gradient through it."""
+    x = torch.randn(B, T, 12 * D, dtype=torch.float64, requires_grad=True)
+    base = x * 1.0
+    with torch.no_grad():
+        q, k, v = base.view(B, T, 12, D).transpose(1, 2).split([4, 4, 4], dim=1)
+    assert q.requires_grad and q.grad_fn is None
+    attention(q, k, v, causal=True, window=64, backend="tiled").sum().backward()
+    assert packed_calls["packed"] == 0
+    assert x.grad is None
+
+
 def test_views_that_are_observed_keep_their_own_gradients(packed_calls):
     """A retained gradient or a tensor hook on q, k or v: the Function takes the views."""
     _, q, k, v = fused(4, 2)

@@ -37,9 +37,11 @@ class PackedViews(NamedTuple):
 
 
 def _plain_view(t: Tensor) -> bool:
-    """A view nothing else observes: no tensor hook on it and no retained gradient (the
-    Function's input is the base, so the view itself is not on the gradient's path)."""
-    return not t._backward_hooks and not t.retains_grad
+    """A view whose gradient reaches its base (it has a grad_fn: a view taken under no_grad
+    is a leaf that passes none on) and that nothing else observes: no tensor hook on it and
+    no retained gradient (the Function's input is the base, so the view itself is not on the
+    gradient's path)."""
+    return t.grad_fn is not None and not t._backward_hooks and not t.retains_grad
 
 
 def packed_views(q: Tensor, k: Tensor, v: Tensor) -> PackedViews | None:
