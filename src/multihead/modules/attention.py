@@ -316,9 +316,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             window=window, qkv_checked=True,
         )  # fmt: skip
         out, _ = dispatch(call)
-        B, H, Tq, Dv = out.shape
-        # (B, H, Tq, Dv) -> (B, Tq, H * Dv), as `_output`
-        return linear(_sub(self, "out_proj"), out.transpose(1, 2).reshape(B, Tq, H * Dv))
+        return self._output(out, None)
 
     # -- step 1: projections ------------------------------------------------------------------
 

@@ -58,17 +58,19 @@ def packed_views(q: Tensor, k: Tensor, v: Tensor) -> PackedViews | None:
     W = q.stride(2)  # a row of the fused projection: (B, T, W) in memory
     if base.numel() != B * T * W:
         return None
-    ranges = []
+    ranges, views = [], []
     for t in (q, k, v):
         if t.dim() != 4 or t.shape[0] != B or t.shape[2] != T or not _plain_view(t):
             return None
         width = t.shape[1] * t.shape[3]
         if t.stride() != (T * W, t.shape[3], W, 1):
             return None
-        start = t.storage_offset() - base.storage_offset()
+        # (eager only: the tiled backend steps aside under tracing, so offsets are plain ints)
+        start = int(t.storage_offset() - base.storage_offset())
         if start < 0 or start + width > W:
             return None
         ranges.append((start, start + width))
+        views.append(ViewSpec(tuple(t.shape), t.stride(), start))
     ranges.sort()
     if any(a[1] > b[0] for a, b in itertools.pairwise(ranges)):
         return None  # overlapping views (q is k): their gradients would have to be added
@@ -77,12 +79,7 @@ def packed_views(q: Tensor, k: Tensor, v: Tensor) -> PackedViews | None:
         and ranges[-1][1] == W
         and all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     )
-    # (eager only: the tiled backend steps aside under tracing, so offsets are plain ints)
-    views = tuple(
-        ViewSpec(tuple(t.shape), t.stride(), int(t.storage_offset() - base.storage_offset()))
-        for t in (q, k, v)
-    )
-    return PackedViews(base, views, covers)  # type: ignore[arg-type]
+    return PackedViews(base, tuple(views), covers)  # type: ignore[arg-type]
 
 
 def take_views(base: Tensor, views) -> tuple[Tensor, Tensor, Tensor]:
