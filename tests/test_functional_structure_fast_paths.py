@@ -72,6 +72,21 @@ def test_a_causal_window_runs_as_one_band(spy, T, W, hkv, dtype):
     assert spy["band_backward"] == 1
 
 
+@pytest.mark.parametrize("per_call", [1, 3])
+@pytest.mark.parametrize("T, W", [(300, 64), (333, 40)])
+def test_a_band_backward_in_several_kernel_calls_adds_up(monkeypatch, spy, per_call, T, W):
+    # The band's backward runs a few key blocks per kernel call and overlap-adds each block's
+    # query gradients across calls: one block, or three, per call gives the same gradients.
+    from multihead.functional.backends import tile_band
+
+    monkeypatch.setattr(tile_band, "CHUNK_ELEMENTS", per_call * 2 * 4 * (W - 1 + 32) * D)
+    q, k, v = qkv(2, 4, 2, T, torch.float64)
+    out = attention(q, k, v, causal=True, window=W, backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
+    check(out, ref, (q, k, v), torch.float64)
+    assert spy["band_backward"] == 1
+
+
 @pytest.mark.parametrize("layout", ["expanded", "transposed"])
 @pytest.mark.parametrize("kind", ["band", "segments", "prefix"])
 def test_fast_path_backwards_read_strided_output_gradients(spy, layout, kind):

@@ -30,7 +30,7 @@ from ..mask_mod import mod_mask, tile_classifier
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
-from .tile_band import BandPlan, band_backward, band_forward, band_plan, band_zero_unwritten
+from .tile_band import BandPlan, band_backward, band_forward, band_plan
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
@@ -238,8 +238,8 @@ def _add_bias_grad(grad: Tensor, ds: Tensor, bias: Tensor, tile: Tile) -> None:
 def _gradient_buffers(q, k, v, setup: _Setup, acc, packed: PackedViews | None):
     """dq, dk, dv (B, H or Hkv, T, D) for the backward to fill, and the fused projection's
     gradient they are views of (None unless `packed`). The fast paths write every gradient
-    they own (the band: all but a few rows and keys, zeroed here), so their buffers start
-    uninitialised; the general plan adds tile by tile into zeros."""
+    they own (the band's backward: all of them), so their buffers start uninitialised; the
+    general plan adds tile by tile into zeros."""
     writes = setup.segments is not None or setup.prefix is not None or setup.band is not None
     if packed is not None:
         fill = torch.empty if writes and packed.covers else torch.zeros
@@ -249,8 +249,6 @@ def _gradient_buffers(q, k, v, setup: _Setup, acc, packed: PackedViews | None):
         grad_base = None
         fill = torch.empty if writes else torch.zeros
         dq, dk, dv = (fill(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
-    if setup.band is not None and fill is torch.empty:
-        band_zero_unwritten(dq, dk, dv, setup.band)
     return dq, dk, dv, grad_base
 
 
@@ -278,7 +276,8 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
         segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
     if prefix_p is not None:
         prefix_backward(q, k, v, grad_out, out, lse, prefix_p, scale, dq, dk, dv)
-    for _, tiles in rows:
+    # (the band's backward covers every pair itself, the plan's first few blocks included)
+    for _, tiles in rows if band is None else ():
         for tile in tiles:
             allowed, bias_t, diagonal = _tile_masks(
                 tile, mask, bias, structure, causal, q, tk, fused
