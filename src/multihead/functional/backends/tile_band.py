@@ -18,10 +18,10 @@ is slow on small causal tiles (measured, fwd + bwd per pair, 1 thread: a 128 x 1
 tile 34 ns, 128 x 384 without causality 11 ns, a 4096-long causal call 8 ns), so the band's
 (L + b) / W = 1.25x pairs at W = 256 (b = 64) cost less than the exact pairs in small tiles.
 
-In the forward, blocks whose band would reach before key 0, and a last block shorter than b,
-are left to the general tile plan (`tiled.py` runs them; `BandPlan.first` / `stop` say which
-blocks are here). The backward covers every pair itself: the last keys, whose queries would
-run past T, in two calls over the last rows (`_tail_backward`).
+The rows of the blocks before `BandPlan.first` (whose band would reach before key 0) and of a
+last block shorter than b (after `BandPlan.stop`) run in one causal and at most two small
+masked calls; in the backward, the last keys, whose queries would run past T, in one causal
+and one masked call (`_tail_backward`). No pair goes to the general tile plan.
 
 Shapes: q (B, H, T, D), k / v (B, Hkv, T, D / Dv); out (B, H, T, Dv), lse (B, H, T); the
 kernel layout (B * H, n, rows, D) with n = stop - first blocks; the mask (1, 1, b, L + b).
@@ -112,8 +112,10 @@ def _band(x: Tensor, plan: BandPlan, heads: int) -> Tensor:
 
 
 def band_forward(q, k, v, plan: BandPlan, scale: float, out: Tensor, lse: Tensor) -> None:
-    """Write the planned blocks' rows of out (B, H, T, Dv) and lse (B, H, T)."""
-    B, H, _, _ = q.shape
+    """Write out (B, H, T, Dv) and lse (B, H, T): the planned blocks in one call, the rows
+    before them (whose band would reach before key 0) and after them (a last block shorter
+    than b) in `_edge_forward`."""
+    B, H, T, _ = q.shape
     n, b = plan.stop - plan.first, plan.block
     o, l = flash_forward(
         _blocks(q, plan), _band(k, plan, H), _band(v, plan, H),
@@ -121,6 +123,27 @@ def band_forward(q, k, v, plan: BandPlan, scale: float, out: Tensor, lse: Tensor
     )  # fmt: skip
     out[:, :, plan.rows] = o.reshape(B, H, n * b, -1)
     lse[:, :, plan.rows] = l.reshape(B, H, n * b)
+    head = plan.rows.start
+    causal = min(head, plan.left + 1)  # the first L + 1 rows see every key before them
+    o, l = flash_forward(q[:, :, :causal], k[:, :, :causal], v[:, :, :causal], is_causal=True,
+                         scale=scale)  # fmt: skip
+    out[:, :, :causal], lse[:, :, :causal] = o, l
+    _edge_forward(q, k, v, causal, head, plan, scale, out, lse)
+    _edge_forward(q, k, v, plan.rows.stop, T, plan, scale, out, lse)
+
+
+def _edge_forward(q, k, v, r0: int, r1: int, plan: BandPlan, scale, out, lse) -> None:
+    """out, lse of rows r0 .. r1 - 1 (fewer than b) over the keys they see, in one masked
+    call (nothing when r0 == r1)."""
+    if r0 >= r1:
+        return
+    k0 = max(0, r0 - plan.left)
+    allowed = _window_allowed(r1 - r0, r1 - k0, plan.left, r0 - k0, q.device)
+    o, l = flash_forward(
+        q[:, :, r0:r1], k[:, :, k0:r1], v[:, :, k0:r1],
+        attn_mask=additive_mask(allowed, None, q.dtype), scale=scale,
+    )  # fmt: skip
+    out[:, :, r0:r1], lse[:, :, r0:r1] = o, l
 
 
 def _overlap_add(grad: Tensor, band: Tensor, s0: int, plan: BandPlan) -> None:

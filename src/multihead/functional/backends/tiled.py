@@ -68,8 +68,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     # Three common shapes skip the general plan: a causal window alone runs as one batched
-    # kernel call over a band (tile_band.py; the plan keeps the blocks it leaves: the first
-    # few, a short last one), documents in contiguous runs as calls per document
+    # kernel call over a band (tile_band.py), documents in contiguous runs as calls per document
     # (tile_segments.py), an int prefix as three large calls (tile_prefix.py).
     # Attention dropout runs the plain-torch tiles, each with its keep mask from a seed and the
     # entries' global coordinates (`functional.dropout_mask`, ring attention's rule), so the
@@ -88,12 +87,9 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         block = structure.block
         kind = tile_classifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
     rows = []
-    if segments is None and prefix_p is None:
+    if band is None and segments is None and prefix_p is None:
         rows = plan_tiles(structure, call.causal, B, H, tq, tk, block, kind)
-    # (query block index, its tiles): the band leaves the general plan its first few blocks
-    indexed = [
-        (i, row) for i, row in enumerate(rows) if band is None or not band.first <= i < band.stop
-    ]
+    indexed = list(enumerate(rows))  # (query block index, its tiles)
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
@@ -102,10 +98,8 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     )
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
     # projections those are strided views, slower to read tile by tile than one contiguous
-    # copy. (The fast paths' few large calls read strided inputs at full speed; with the band
-    # the plan keeps only its first few blocks, which read them strided: measured, module
-    # window 256 at T 4096, 352 -> 346 ms without the copies.)
-    if band is None and any(tiles for _, tiles in indexed):
+    # copy. (The fast paths' few large calls read strided inputs at full speed.)
+    if any(tiles for _, tiles in indexed):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     # q, k, v as column views of a module's fused projection: the Function takes the
     # projection itself and writes its gradient in one buffer (tile_packed.py)
@@ -276,8 +270,7 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
         segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
     if prefix_p is not None:
         prefix_backward(q, k, v, grad_out, out, lse, prefix_p, scale, dq, dk, dv)
-    # (the band's backward covers every pair itself, the plan's first few blocks included)
-    for _, tiles in rows if band is None else ():
+    for _, tiles in rows:
         for tile in tiles:
             allowed, bias_t, diagonal = _tile_masks(
                 tile, mask, bias, structure, causal, q, tk, fused
