@@ -5,7 +5,8 @@ b rows, block i (rows q0 = i b .. q0 + b - 1; row r at position q0 + r) sees key
 q0 - L .. q0 + b - 1 (L + b of them), row r the columns c with r <= c <= r + L: the same band
 for every block, so one (b, L + b) mask serves them all. One call of torch's fused CPU kernel
 runs every block at once (the blocks become the kernel's heads; their keys are overlapping
-views of k and v, `Tensor.unfold`). Each row computes (L + b) / W times its pairs.
+views of k and v, `Tensor.unfold`). Each row computes (L + b) / W times its pairs (the
+forward runs blocks of 32 rows, FORWARD_BLOCK: 1.125x at W = 256).
 
 The backward is the same band transposed: key blocks of b, each with the L + b queries that
 see it (overlapping views of q, out, grad_out and lse), so each key's gradient comes whole
@@ -16,7 +17,8 @@ Why one masked band and not the exact split (an edge triangle, a full middle, a 
 triangle, merged by log-sum-exp; the general tile plan does that per block): torch's kernel
 is slow on small causal tiles (measured, fwd + bwd per pair, 1 thread: a 128 x 128 causal
 tile 34 ns, 128 x 384 without causality 11 ns, a 4096-long causal call 8 ns), so the band's
-(L + b) / W = 1.25x pairs at W = 256 (b = 64) cost less than the exact pairs in small tiles.
+(L + b) / W = 1.125x-1.25x pairs at W = 256 (b = 32-64) cost less than the exact pairs in
+small tiles.
 
 The rows of the blocks before `BandPlan.first` (whose band would reach before key 0) and of a
 last block shorter than b (after `BandPlan.stop`) run in one causal and at most two small
@@ -40,6 +42,11 @@ from .tile_kernel import additive_mask, flash_backward, flash_forward, serves_al
 # tensor per head: (L + b) / b copies of k. Wide windows get larger blocks to keep that to a
 # few copies.
 MAX_BAND_BLOCKS = 6
+# The kernel runs queries in tiles of 32 rows below 192 rows, each tile over all the keys of
+# its call: a forward block of 32 computes the fewest masked pairs per row at the same rate
+# (measured, forward at T 4096: W 128 24.9 -> 22.3 ms, 256 33 -> 31, 512 58.8 -> 51.2, 1024
+# 98.3 -> 85.4 against the plan's 64, 64, 128, 256 rows).
+FORWARD_BLOCK = 32
 CHUNK_ELEMENTS = 2**19  # query-gradient elements per backward call (2 MB in fp32)
 
 
@@ -111,11 +118,22 @@ def _band(x: Tensor, plan: BandPlan, heads: int) -> Tensor:
     return views.reshape(B * heads, plan.stop - plan.first, plan.width, D)
 
 
+def _forward_plan(plan: BandPlan, T: int, grouped: bool) -> BandPlan:
+    """The forward's blocks: FORWARD_BLOCK rows where the window is that wide (the backward
+    keeps the plan's: there a block's band-sized gradients must stay few copies of q). With
+    grouped-query heads the forward's bands are copies, so the plan's block bounds them."""
+    b = min(plan.block, FORWARD_BLOCK)
+    if grouped and plan.left + b > MAX_BAND_BLOCKS * b:
+        return plan
+    return plan._replace(block=b, first=-(-plan.left // b), stop=T // b)
+
+
 def band_forward(q, k, v, plan: BandPlan, scale: float, out: Tensor, lse: Tensor) -> None:
     """Write out (B, H, T, Dv) and lse (B, H, T): the planned blocks in one call, the rows
     before them (whose band would reach before key 0) and after them (a last block shorter
     than b) in `_edge_forward`."""
     B, H, T, _ = q.shape
+    plan = _forward_plan(plan, T, grouped=k.shape[1] != H)
     n, b = plan.stop - plan.first, plan.block
     o, l = flash_forward(
         _blocks(q, plan), _band(k, plan, H), _band(v, plan, H),
