@@ -91,13 +91,14 @@ def band_plan(structure, causal: bool, mask, bias, q: Tensor, k: Tensor) -> Band
     return BandPlan(b, left, first, stop)
 
 
-def _band_mask(plan: BandPlan, dtype, device) -> Tensor:
-    """(1, 1, b, L + b) additive mask: row r sees columns r .. r + L."""
-    r = torch.arange(plan.block, device=device)[:, None]
-    c = torch.arange(plan.width, device=device)[None, :]
-    mask = additive_mask((c >= r) & (c <= r + plan.left), None, dtype)
+def _window_mask(rows: int, cols: int, left: int, shift: int, like: Tensor) -> Tensor:
+    """(rows, cols) additive mask of the window, in like's dtype and device: query r (at key
+    position r + shift) sees key c when c <= r + shift <= c + L, else -inf."""
+    r = torch.arange(rows, device=like.device)[:, None] + shift
+    c = torch.arange(cols, device=like.device)[None, :]
+    mask = additive_mask((c <= r) & (r <= c + left), None, like.dtype)
     assert mask is not None
-    return mask[None, None]
+    return mask
 
 
 def _blocks(x: Tensor, plan: BandPlan) -> Tensor:
@@ -137,7 +138,9 @@ def band_forward(q, k, v, plan: BandPlan, scale: float, out: Tensor, lse: Tensor
     n, b = plan.stop - plan.first, plan.block
     o, l = flash_forward(
         _blocks(q, plan), _band(k, plan, H), _band(v, plan, H),
-        attn_mask=_band_mask(plan, q.dtype, q.device), scale=scale,
+        # (b, L + b): block row r sits at key column r + L of its band
+        attn_mask=_window_mask(plan.block, plan.width, plan.left, plan.left, q)[None, None],
+        scale=scale,
     )  # fmt: skip
     out[:, :, plan.rows] = o.reshape(B, H, n * b, -1)
     lse[:, :, plan.rows] = l.reshape(B, H, n * b)
@@ -156,10 +159,9 @@ def _edge_forward(q, k, v, r0: int, r1: int, plan: BandPlan, scale, out, lse) ->
     if r0 >= r1:
         return
     k0 = max(0, r0 - plan.left)
-    allowed = _window_allowed(r1 - r0, r1 - k0, plan.left, r0 - k0, q.device)
     o, l = flash_forward(
         q[:, :, r0:r1], k[:, :, k0:r1], v[:, :, k0:r1],
-        attn_mask=additive_mask(allowed, None, q.dtype), scale=scale,
+        attn_mask=_window_mask(r1 - r0, r1 - k0, plan.left, r0 - k0, q), scale=scale,
     )  # fmt: skip
     out[:, :, r0:r1], lse[:, :, r0:r1] = o, l
 
@@ -199,13 +201,6 @@ def _query_band(x: Tensor, n: int, plan: BandPlan) -> Tensor:
     return span.reshape(x.shape[0] * x.shape[1], n, *span.shape[3:])
 
 
-def _window_allowed(rows: int, cols: int, left: int, shift: int, device) -> Tensor:
-    """(rows, cols) bool: query r + shift sees key c when c <= r + shift <= c + L."""
-    r = torch.arange(rows, device=device)[:, None] + shift
-    c = torch.arange(cols, device=device)[None, :]
-    return (c <= r) & (r <= c + left)
-
-
 def _tail_backward(q, k, v, grad_out, out, lse, t0: int, plan: BandPlan, scale, dq, dk, dv):
     """Write dq, dk, dv of positions t0 .. T - 1 from the pairs among them (L .. L + b - 1
     positions): its first L + 1 rows are plain causal (one call, no mask), the rest a window
@@ -224,10 +219,9 @@ def _tail_backward(q, k, v, grad_out, out, lse, t0: int, plan: BandPlan, scale, 
     if c == T - t0:
         return
     rows = slice(c, T - t0)
-    allowed = _window_allowed(T - t0 - c, T - t0, plan.left, c, q.device)
     dq_r, dk_r, dv_r = flash_backward(
         g_t[:, :, rows], q_t[:, :, rows], k_t, v_t, o_t[:, :, rows], l_t[:, :, rows], 0.0,
-        False, attn_mask=additive_mask(allowed, None, q.dtype), scale=scale,
+        False, attn_mask=_window_mask(T - t0 - c, T - t0, plan.left, c, q), scale=scale,
     )  # fmt: skip
     dq[:, :, t0 + c :] = dq_r
     for grad, gr in ((dk, dk_r), (dv, dv_r)):
@@ -253,10 +247,7 @@ def band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq,
     b = plan.block
     n = _key_blocks(T, plan)
     _tail_backward(q, k, v, grad_out, out, lse, n * b, plan, scale, dq, dk, dv)
-    mask = additive_mask(
-        _window_allowed(plan.width, b, plan.left, 0, q.device), None, q.dtype
-    )  # (L + b, b): the same for every key block
-    assert mask is not None
+    mask = _window_mask(plan.width, b, plan.left, 0, q)  # (L + b, b): every key block's
     bands = [_query_band(x, n, plan) for x in (grad_out, q, out.to(q.dtype), lse.to(q.dtype))]
     keys = [x[:, :, : n * b].reshape(B, Hkv, n, b, -1) for x in (k, v)]
     if Hkv != H:  # the kernel's heads are blocks here, so grouped heads are repeated
