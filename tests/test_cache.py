@@ -137,3 +137,28 @@ def test_cache_errors():
         m(torch.randn(B, 2, C), cache=KVCache(B, 2, 4))
     with pytest.raises(ValueError, match="head_dim 4"):
         MultiHeadAttention(C, H, position=RotaryEmbedding(8))
+
+
+@pytest.mark.parametrize("max_length", [None, 6])
+def test_the_module_plain_path_checks_the_cache_as_update_does(max_length):
+    """A decode step with nothing but a cache (the module's fast path, which writes a static
+    cache itself) refuses what `update` refuses, names the same numbers, and writes nothing."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, H, num_kv_heads=2, causal=True)
+    cache = KVCache(B, 2, 4, max_length=max_length)
+    m(torch.randn(B, 4, C), cache=cache)
+    if max_length is not None:
+        with pytest.raises(ValueError, match=r"7 tokens do not fit a cache of max_length 6"):
+            m(torch.randn(B, 3, C), cache=cache)
+    with pytest.raises(ValueError, match=r"batch 2, kv heads 2, head_dim 4\); got keys \(1, 2"):
+        m(torch.randn(1, 1, C), cache=cache)
+    with pytest.raises(ValueError, match=r"holds torch\.float32, got keys of torch\.float64"):
+        m.double()(torch.randn(B, 1, C, dtype=torch.float64), cache=cache)
+    m.float()
+    assert cache.length == 4  # nothing was written
+    # and the step it does take is the full forward's last row
+    x = torch.randn(B, 5, C)
+    fresh = KVCache(B, 2, 4, max_length=max_length)
+    m(x[:, :4], cache=fresh)
+    torch.testing.assert_close(m(x[:, 4:], cache=fresh), m(x)[:, 4:], atol=1e-6, rtol=1e-5)
+    assert fresh.length == 5

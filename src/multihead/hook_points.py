@@ -40,6 +40,8 @@ CallObserver = Callable[[str, "AttentionCall", Tensor], None]
 # Stands for calls of the pure `functional.attention()` made outside any module.
 FUNCTION = object()
 
+# (bound once: every attention call asks, and the module attribute lookups show at small shapes)
+_is_compiling = torch.compiler.is_compiling
 _SESSIONS: ContextVar[tuple[HookSession, ...]] = ContextVar("multihead_hook_sessions", default=())
 
 
@@ -210,7 +212,7 @@ class HookSession:
 
 def hooks_for(module: Any) -> ModuleHooks | None:
     """The hooks of `module` in the sessions open in this context; None on the plain path."""
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return None
     sessions = _SESSIONS.get()
     if not sessions:

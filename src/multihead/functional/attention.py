@@ -22,9 +22,9 @@ def dispatch(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor
     """Run a validated `AttentionCall` (see `make_call`) on `backend`: every attention in
     multihead passes here. A backend that cannot read structure gets the dense mask."""
     chosen = select_backend(call, backend)
-    if call.structure is not None and not chosen.structured:
-        call = dense_call(call)
-    return chosen.run(call)
+    if call.structure is None or chosen.structured:
+        return chosen.run(call)
+    return chosen.run(dense_call(call))
 
 
 def attention(

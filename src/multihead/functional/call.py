@@ -233,27 +233,29 @@ def make_call(
     """
     if not qkv_checked:
         check_qkv(q, k, v)
-    B, H, Tq, D = q.shape
-    target = (B, H, Tq, k.shape[2])
-    if mask is not None:
-        mask = check_mask(mask, target, q.device)
-    if bias is not None:
-        bias = check_bias(bias, target, q.device)
+    # (the common call, no mask, bias or structure, reads no shape but D: each read costs)
+    if mask is not None or bias is not None:
+        target = (*q.shape[:3], k.shape[2])
+        if mask is not None:
+            mask = check_mask(mask, target, q.device)
+        if bias is not None:
+            bias = check_bias(bias, target, q.device)
     if causal is not True and causal is not False:  # (identity tests: the common case is free)
         check_flag("causal", causal)
     structure = None
     if window is not None or documents is not None or prefix is not None:
         structure = check_structure(
-            window, documents, prefix, causal=causal, batch=B, tq=Tq, tk=k.shape[2],
-            device=q.device,
+            window, documents, prefix, causal=causal, batch=q.shape[0], tq=q.shape[2],
+            tk=k.shape[2], device=q.device,
         )  # fmt: skip
     if mask_mod is not None or block_size is not None:
-        fn, block = check_mask_mod(mask_mod, block_size, Tq, k.shape[2])
+        fn, block = check_mask_mod(mask_mod, block_size, q.shape[2], k.shape[2])
         structure = (structure or Structure())._replace(mask_mod=fn, block=block)
     if return_weights is not True and return_weights is not False:
         check_flag("return_weights", return_weights)
     if type(dropout_p) is not float or dropout_p != 0.0:
         dropout_p = check_dropout(dropout_p)
+    D = q.shape[3]
     return AttentionCall(
         q, k, v, mask, bias, causal,
         default_scale(D) if scale is None else resolve_scale(scale, D, scale_rule), dropout_p,

@@ -154,13 +154,11 @@ class KVCache(_SelfAttentionCache):
         """(count,): positions of the next tokens, continuing from what is cached."""
         return torch.arange(self.length, self.length + count, device=device)
 
-    def _check(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
-        self._check_layout(k, v, key_mask)
-        if self.max_length is not None and self.length + k.shape[2] > self.max_length:
-            raise ValueError(
-                f"{self.length + k.shape[2]} tokens do not fit a cache of max_length "
-                f"{self.max_length} ({self.length} cached, {k.shape[2]} new)"
-            )
+    def _refuse_overflow(self, T: int) -> None:
+        raise ValueError(
+            f"{self.length + T} tokens do not fit a cache of max_length "
+            f"{self.max_length} ({self.length} cached, {T} new)"
+        )
 
     def update(
         self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
@@ -168,16 +166,18 @@ class KVCache(_SelfAttentionCache):
         """Append k (B, Hkv, T, D), v and their key mask (B, T); return all keys, values and the
         key mask to attend over (the window's, when one is set; None until a call passes a key
         mask, so the fused kernel runs without a mask)."""
-        self._check(k, v, key_mask)
+        self._check_layout(k, v, key_mask)
         T = k.shape[2]
+        if self.max_length is not None and self.length + T > self.max_length:
+            self._refuse_overflow(T)
         # Decided from the call's structure, never from mask values (no host sync, traceable):
         # until a call passes a key mask, no mask is kept or handed out (every stored key is
         # real), and calls run unmasked on the fused kernel.
-        if key_mask is not None and not self._padded:
-            self._start_mask()
-        self._padded = self._padded or key_mask is not None
         new_mask = None
-        if self._padded:
+        if key_mask is not None or self._padded:
+            if not self._padded:
+                self._start_mask()
+                self._padded = True
             new_mask = (
                 torch.ones(self.batch_size, T, dtype=torch.bool, device=k.device)
                 if key_mask is None
@@ -212,6 +212,32 @@ class KVCache(_SelfAttentionCache):
         else:
             assert self._mask is not None
             self._mask[:, :n] = True
+
+    def append_plain(
+        self, module: object, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None, int | None]:
+        """`keys_for` without a key mask, for the module's plain path (a decode step): append
+        k (B, Hkv, T, D) and v; return all keys, values, the key mask (B, Tk) or None and the
+        window, with no KeySet built."""
+        if self._owner != id(module):
+            self._bind(module)
+        if self.max_length is None or self.window is not None or self._padded:
+            keys, values, mask = self.update(k, v)
+            return keys, values, mask, self.window
+        # A static cache, no window, no padding (a plain decode step): `update` written out
+        # for this case alone (each call and test of its general path costs ~1% of the step).
+        assert self._k is not None and self._v is not None
+        self._check_layout(k, v, None)
+        T, s = k.shape[2], self._stored
+        if self.length + T > self.max_length:
+            self._refuse_overflow(T)
+        if self._k.device != k.device:
+            raise ValueError(f"the cache is on {self._k.device}, got keys on {k.device}")
+        self._k.narrow(2, s, T).copy_(k)
+        self._v.narrow(2, s, T).copy_(v)
+        self._stored = s + T
+        self.length += T
+        return self._k.narrow(2, 0, s + T), self._v.narrow(2, 0, s + T), None, None
 
     def keys_for(
         self, module: object, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool

@@ -37,14 +37,17 @@ NAN_QUIRK_KEYS = 16
 # that swaps multihead's drop-in into `torch.nn.functional` (as tools/run_torch_tests.py does)
 # must not make this backend call the drop-in, and so itself.
 _sdpa = torch._C._nn.scaled_dot_product_attention
+_is_compiling = torch.compiler.is_compiling  # (bound once: a module attribute lookup less)
 
 
 def sdpa_why_not(call: AttentionCall) -> list[str]:
+    if not call.return_weights and call.q.shape[2] != 0 and call.k.shape[2] != 0:
+        return []  # (the common answer first: every attention call asks)
     reasons = []
     if call.return_weights:
         reasons.append("it cannot return attention weights (the eager backend can)")
-    if call.q.shape[2] == 0 or call.k.shape[2] == 0:
-        tq, tk = call.q.shape[2], call.k.shape[2]
+    tq, tk = call.q.shape[2], call.k.shape[2]
+    if tq == 0 or tk == 0:
         reasons.append(f"empty sequence (Tq={tq}, Tk={tk}): torch's kernels do not take it")
     return reasons
 
@@ -58,14 +61,14 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         # `causal and tq != 1`: SDPA's flag must be a Python bool, never a symbolic one.)
         if tq == 1:
             causal = False
-        return _plain(call, causal), None
+        return _plain(q, k, v, dropout_p, causal, scale, tk), None
     if causal and tq * tk * q.shape[0] > CHUNK_ELEMENTS:  # (mask or bias is set here)
         rows = _chunk_rows(call)
         if rows < tq:
             return _chunked(call, rows), None
     allowed = allowed_mask(call)
     if allowed is None and bias is None:  # e.g. one causal query, which sees every key
-        return _plain(call, causal=False), None
+        return _plain(q, k, v, dropout_p, False, scale, tk), None
     return _fused(q, k, v, allowed, bias, scale, dropout_p, _gqa(q, k)), None
 
 
@@ -78,15 +81,20 @@ def _gqa(q: Tensor, k: Tensor) -> bool:
     return False
 
 
-def _plain(call: AttentionCall, causal: bool) -> Tensor:
-    q, k, v = call.q, call.k, call.v
-    out = _sdpa(
-        q, k, v, dropout_p=call.dropout_p, is_causal=causal, scale=call.scale,
-        enable_gqa=_gqa(q, k),
-    )  # fmt: skip
+def _plain(
+    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, causal: bool, scale: float, tk: int
+) -> Tensor:
+    """The kernel alone, on a call without mask or bias; `tk` = the key count."""
+    gqa = False  # (_gqa written out: a call less on the decode step's path)
+    if q.shape[1] != k.shape[1]:
+        gqa = True
+    if dropout_p == 0.0 and not causal and not gqa:  # a decode step: each keyword costs ~0.5 us
+        out = _sdpa(q, k, v, scale=scale)
+    else:
+        out = _sdpa(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa)
     # Compiled, the correction is always applied (fused, nearly free): a test of the key count
     # would guard a growing KV cache's length and recompile when it crosses the threshold.
-    if q.is_cpu and (torch.compiler.is_compiling() or k.shape[2] < NAN_QUIRK_KEYS):
+    if q.is_cpu and (_is_compiling() or tk < NAN_QUIRK_KEYS):
         # torch's fused CPU kernel, unmasked and with fewer than 16 keys, returns 0 for a query
         # row holding NaN (the math backend, and every other case, return NaN): add 0 * the
         # row's max, NaN exactly when the row holds NaN (max propagates NaN, cannot overflow).
