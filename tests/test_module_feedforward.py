@@ -31,3 +31,16 @@ def test_no_bias_chunked():
 def test_unknown_activation():
     with pytest.raises(ValueError, match="unknown activation 'gelu2'"):
         FeedForward(8, 16, activation_name="gelu2")
+
+
+def test_the_chunked_path_honours_a_forward_set_on_a_layer():
+    """A forward set on the fc1 instance (as accelerate's hooks do) must run on the long
+    no-grad input too, where the chunked path would otherwise read the weights directly."""
+    torch.manual_seed(0)
+    ffn = FeedForward(8, 16)
+    x = torch.randn(1, CHUNK_ROWS + 5, 8)
+    plain_fc1 = ffn.fc1.forward
+    ffn.fc1.forward = lambda t: plain_fc1(t) * 2
+    with torch.no_grad():
+        expected = ffn.fc2(torch.nn.functional.gelu(plain_fc1(x) * 2))
+        torch.testing.assert_close(ffn(x), expected)

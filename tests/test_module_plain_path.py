@@ -99,3 +99,77 @@ def test_plain_path_refuses_a_mismatched_input_by_name():
         m(torch.randn(B, T, C, dtype=torch.float64))
     with pytest.raises(ValueError, match="query"):
         m(torch.randn(B, T, C + 1))
+
+
+class _DoubledLinear(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _double_by_hook(layer):
+    return layer.register_forward_hook(lambda mod, args, out: out * 2)
+
+
+def _double_on_the_instance(layer):
+    # as accelerate's hooks do: a forward set on the module instance
+    plain_forward = layer.forward
+    layer.forward = lambda x: plain_forward(x) * 2
+
+
+def _double_by_subclass(layer):
+    layer.__class__ = _DoubledLinear
+
+
+def _double_by_pre_hook(layer):
+    return layer.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+
+
+@pytest.mark.parametrize(
+    "override", [_double_by_hook, _double_on_the_instance, _double_by_subclass, _double_by_pre_hook]
+)
+@pytest.mark.parametrize("layer_name", ["in_proj", "out_proj"])
+def test_the_projections_own_overrides_are_honoured(override, layer_name):
+    """The plain path skips Module.__call__ on its projections only where that adds nothing:
+    a hook, a pre-hook, a subclass's forward or a forward set on the instance doubles the
+    layer here, and the output must be the module's with that layer's weight (and bias)
+    doubled. `_plain` (the test `linear` and the feed-forward's chunked path run) must
+    refuse the same layers."""
+    from multihead.modules.projections import _plain
+
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, H).double().eval()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    expected = MultiHeadAttention(C, H).double().eval()
+    expected.load_state_dict(m.state_dict())
+    layer, twin = getattr(m, layer_name), getattr(expected, layer_name)
+    pre_hook = override is _double_by_pre_hook
+    with torch.no_grad():
+        twin.weight *= 2
+        if not pre_hook:  # (doubling the input doubles x W^T, not the bias)
+            twin.bias *= 2
+    override(layer)
+    assert not _plain(layer)
+    torch.testing.assert_close(m(x), expected(x))
+
+
+def test_global_module_hooks_reach_the_projections():
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    from multihead.modules.projections import _plain
+
+    m = MultiHeadAttention(C, H).eval()
+    seen: list[str] = []
+    names = {id(layer): name for name, layer in m.named_modules()}
+    for register in (register_module_forward_hook, register_module_forward_pre_hook):
+        handle = register(lambda mod, *rest: seen.append(names.get(id(mod), "?")))
+        try:
+            assert not _plain(m.in_proj)
+            m(torch.randn(B, T, C))
+        finally:
+            handle.remove()
+        assert {"in_proj", "out_proj"} <= set(seen)
+        seen.clear()
+    assert _plain(m.in_proj)

@@ -22,13 +22,16 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
 Projection = Callable[[Tensor], Tensor]
+_LINEAR_FORWARD = nn.Linear.forward
 
 
 def _plain(layer: nn.Module) -> bool:
     """An nn.Linear (or a subclass keeping its forward) that is exactly F.linear on plain
-    tensors: no hooks of its own, no global module hooks, no tensor-subclass (DTensor) weight."""
+    tensors: no forward set on the instance (accelerate's hooks replace `module.forward`), no
+    hooks of its own, no global module hooks, no tensor-subclass (DTensor) weight."""
     return (
-        type(layer).forward is nn.Linear.forward
+        type(layer).forward is _LINEAR_FORWARD
+        and "forward" not in layer.__dict__
         and not layer._forward_hooks
         and not layer._forward_pre_hooks
         and not _module._global_forward_hooks
