@@ -231,11 +231,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             and isinstance(query, Tensor)
             and query.dim() == 3
         ):
-            # (_weight(_sub(...)) written out: two calls less)
-            out_proj = self._modules["out_proj"]
-            weight = out_proj._parameters.get("weight")  # type: ignore[union-attr]
-            if weight is None:  # (a parametrized projection)
-                weight = _weight(out_proj)
+            weight = _weight(_sub(self, "out_proj"))
             if (
                 query.shape[2] == self.embed_dim
                 and query.dtype == weight.dtype

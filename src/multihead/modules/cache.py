@@ -154,11 +154,13 @@ class KVCache(_SelfAttentionCache):
         """(count,): positions of the next tokens, continuing from what is cached."""
         return torch.arange(self.length, self.length + count, device=device)
 
-    def _refuse_overflow(self, T: int) -> None:
-        raise ValueError(
-            f"{self.length + T} tokens do not fit a cache of max_length "
-            f"{self.max_length} ({self.length} cached, {T} new)"
-        )
+    def _check_room(self, T: int) -> None:
+        """T more tokens fit max_length (a cache without one takes any number)."""
+        if self.max_length is not None and self.length + T > self.max_length:
+            raise ValueError(
+                f"{self.length + T} tokens do not fit a cache of max_length "
+                f"{self.max_length} ({self.length} cached, {T} new)"
+            )
 
     def update(
         self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
@@ -168,8 +170,7 @@ class KVCache(_SelfAttentionCache):
         mask, so the fused kernel runs without a mask)."""
         self._check_layout(k, v, key_mask)
         T = k.shape[2]
-        if self.max_length is not None and self.length + T > self.max_length:
-            self._refuse_overflow(T)
+        self._check_room(T)
         # Decided from the call's structure, never from mask values (no host sync, traceable):
         # until a call passes a key mask, no mask is kept or handed out (every stored key is
         # real), and calls run unmasked on the fused kernel.
@@ -224,20 +225,16 @@ class KVCache(_SelfAttentionCache):
         if self.max_length is None or self.window is not None or self._padded:
             keys, values, mask = self.update(k, v)
             return keys, values, mask, self.window
-        # A static cache, no window, no padding (a plain decode step): `update` written out
-        # for this case alone (each call and test of its general path costs ~1% of the step).
+        # A static cache, no window, no padding (a plain decode step): `update` without its
+        # mask and window steps (each call and test of its general path costs ~1% of the step).
         assert self._k is not None and self._v is not None
         self._check_layout(k, v, None)
-        T, s = k.shape[2], self._stored
-        if self.length + T > self.max_length:
-            self._refuse_overflow(T)
-        if self._k.device != k.device:
-            raise ValueError(f"the cache is on {self._k.device}, got keys on {k.device}")
-        self._k.narrow(2, s, T).copy_(k)
-        self._v.narrow(2, s, T).copy_(v)
-        self._stored = s + T
+        T = k.shape[2]
+        self._check_room(T)
+        self._append_static(k, v, None)
         self.length += T
-        return self._k.narrow(2, 0, s + T), self._v.narrow(2, 0, s + T), None, None
+        n = self._stored
+        return self._k.narrow(2, 0, n), self._v.narrow(2, 0, n), None, None
 
     def keys_for(
         self, module: object, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool

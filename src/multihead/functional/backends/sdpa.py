@@ -41,8 +41,6 @@ _is_compiling = torch.compiler.is_compiling  # (bound once: a module attribute l
 
 
 def sdpa_why_not(call: AttentionCall) -> list[str]:
-    if not call.return_weights and call.q.shape[2] != 0 and call.k.shape[2] != 0:
-        return []  # (the common answer first: every attention call asks)
     reasons = []
     if call.return_weights:
         reasons.append("it cannot return attention weights (the eager backend can)")
@@ -85,9 +83,7 @@ def _plain(
     q: Tensor, k: Tensor, v: Tensor, dropout_p: float, causal: bool, scale: float, tk: int
 ) -> Tensor:
     """The kernel alone, on a call without mask or bias; `tk` = the key count."""
-    gqa = False  # (_gqa written out: a call less on the decode step's path)
-    if q.shape[1] != k.shape[1]:
-        gqa = True
+    gqa = _gqa(q, k)
     if dropout_p == 0.0 and not causal and not gqa:  # a decode step: each keyword costs ~0.5 us
         out = _sdpa(q, k, v, scale=scale)
     else:
