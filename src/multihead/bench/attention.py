@@ -207,5 +207,6 @@ def main(
     )
     text = report(rows, matmul_gflops(device=dev, dtype=dt), device=dev, dtype=dt)
     if dev.type == "cpu" and dt == torch.float32:  # per-call overhead: the small-call rows
-        text += "\n\n" + attention_small.report(repeats=reps if quick else max(reps, 15))
+        rounds = reps if quick else max(reps, attention_small.ROUNDS)
+        text += "\n\n" + attention_small.report(repeats=rounds)
     return text
