@@ -7,16 +7,19 @@ from .flex import flex_prefer, flex_run, flex_why_not
 from .registry import (
     Backend,
     available_backends,
+    first_plain_backend,
     get_backend,
     register_backend,
     select_backend,
     unregister_backend,
 )
-from .sdpa import sdpa_attention, sdpa_why_not
+from .sdpa import sdpa_attention, sdpa_plain, sdpa_why_not
 from .tiled import tiled_attention, tiled_prefer, tiled_why_not
 
 register_backend("eager", eager_attention, priority=0)
-register_backend("sdpa", sdpa_attention, why_not=sdpa_why_not, priority=10)
+# (kept: `functional.attention.dispatch_plain` runs its plain kernel call directly while it is
+# the backend auto asks first about plain calls)
+SDPA_BACKEND = register_backend("sdpa", sdpa_attention, why_not=sdpa_why_not, priority=10)
 register_backend(
     "tiled",
     tiled_attention,
@@ -37,10 +40,13 @@ register_backend(
 )
 
 __all__ = [
+    "SDPA_BACKEND",
     "Backend",
     "available_backends",
+    "first_plain_backend",
     "get_backend",
     "register_backend",
+    "sdpa_plain",
     "select_backend",
     "unregister_backend",
 ]

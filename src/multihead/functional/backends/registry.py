@@ -93,6 +93,11 @@ def available_backends() -> list[str]:
     return [b.name for b in _ORDER]
 
 
+def first_plain_backend() -> Backend | None:
+    """The backend `auto` asks first about a call without structure (None: none registered)."""
+    return _PLAIN_ORDER[0] if _PLAIN_ORDER else None
+
+
 def select_backend(call: AttentionCall, name: str) -> Backend:
     """The backend that runs `call`: the named one (if it can), or the first able one for 'auto'."""
     if name == "auto":

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..call import AttentionCall
+from ..call import AttentionCall, default_scale
 from .allowed import allowed_mask, causal_block
 
 # Mask elements one chunk may build (B x mask heads x rows x Tk): 16M booleans (16 MB; SDPA's
@@ -53,13 +53,10 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     q, k, v, mask, bias, causal, scale, dropout_p, _, _ = call
     tq, tk = q.shape[2], k.shape[2]
-    if mask is None and bias is None and (not causal or tq == tk or tq == 1):
-        # No row can be empty, and top-left/bottom-right causality coincide (or one query, the
-        # last position, sees every key: a decode step): the kernel does all. (A branch, not
-        # `causal and tq != 1`: SDPA's flag must be a Python bool, never a symbolic one.)
-        if tq == 1:
-            causal = False
-        return _plain(q, k, v, dropout_p, causal, scale, tk), None
+    if mask is None and bias is None:
+        flag = _kernel_causal(causal, tq, tk)
+        if flag is not None:
+            return _plain(q, k, v, dropout_p, flag, scale, tk), None
     if causal and tq * tk * q.shape[0] > CHUNK_ELEMENTS:  # (mask or bias is set here)
         rows = _chunk_rows(call)
         if rows < tq:
@@ -68,6 +65,33 @@ def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     if allowed is None and bias is None:  # e.g. one causal query, which sees every key
         return _plain(q, k, v, dropout_p, False, scale, tk), None
     return _fused(q, k, v, allowed, bias, scale, dropout_p, _gqa(q, k)), None
+
+
+def sdpa_plain(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> Tensor | None:
+    """What `sdpa_attention` returns for q, k, v alone (no mask, bias, structure or weights;
+    the default scale), without an `AttentionCall`; None where it would not be one plain
+    kernel call (an empty length, which `sdpa_why_not` refuses, or causality that needs a
+    mask). For `functional.attention.dispatch_plain`."""
+    tq, tk = q.shape[2], k.shape[2]
+    if tq == 0 or tk == 0:
+        return None
+    flag = _kernel_causal(causal, tq, tk)
+    if flag is None:
+        return None
+    return _plain(q, k, v, dropout_p, flag, default_scale(q.shape[3]), tk)
+
+
+def _kernel_causal(causal: bool, tq: int, tk: int) -> bool | None:
+    """The kernel's causal flag for a call without mask or bias, or None where causality needs
+    a mask: one query (the last position: a decode step) sees every key, and top-left and
+    bottom-right causality coincide when tq == tk; then no row can be empty and the kernel
+    does all. (Branches, not `causal and tq != 1`: SDPA's flag must be a Python bool, never a
+    symbolic one.)"""
+    if tq == 1:
+        return False
+    if not causal or tq == tk:
+        return causal
+    return None
 
 
 def _gqa(q: Tensor, k: Tensor) -> bool:
