@@ -17,10 +17,10 @@ from .backends import (
     available_backends,
     first_plain_backend,
     get_backend,
-    sdpa_plain,
     select_backend,
 )
 from .backends.eager import eager_attention
+from .backends.sdpa import sdpa_plain
 from .call import AttentionCall, dense_call, make_call
 from .mask_mod import MaskMod
 

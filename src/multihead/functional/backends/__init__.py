@@ -13,7 +13,7 @@ from .registry import (
     select_backend,
     unregister_backend,
 )
-from .sdpa import sdpa_attention, sdpa_plain, sdpa_why_not
+from .sdpa import sdpa_attention, sdpa_why_not
 from .tiled import tiled_attention, tiled_prefer, tiled_why_not
 
 register_backend("eager", eager_attention, priority=0)
@@ -40,13 +40,11 @@ register_backend(
 )
 
 __all__ = [
-    "SDPA_BACKEND",
     "Backend",
     "available_backends",
     "first_plain_backend",
     "get_backend",
     "register_backend",
-    "sdpa_plain",
     "select_backend",
     "unregister_backend",
 ]
