@@ -33,3 +33,25 @@ def test_mask_refuses_other_devices_and_dtypes(capsys):
     err = capsys.readouterr().err
     assert err.startswith("multihead: error: --mask measures --device cpu --dtype fp32")
     assert err.count("\n") == 1
+
+
+def test_rows_read_the_median_of_per_round_ratios(monkeypatch):
+    """The ideal comes from each round's own samples; the ratio is their median, not the ratio
+    of medians taken apart (which a load change between rounds would move)."""
+    rounds = {
+        # module: ideal = projections + share x (causal - projections), per round
+        "causal": [1.0, 2.0, 1.0],
+        "projections": [0.5, 1.0, 0.5],
+        "structured": [0.5, 1.0, 2.0],
+        "dense mask": [3.0, 3.0, 3.0],
+    }
+    monkeypatch.setattr(attention_structure, "measure_rounds", lambda fns, **k: rounds)
+    T = 1024
+    share = attention_structure.allowed_pairs("window", T) / (T * (T + 1) / 2)
+    ideals = [p + share * (c - p) for p, c in zip(rounds["projections"], rounds["causal"])]
+    row = attention_structure.module_row("window", T, repeats=3)
+    want = sorted(s / i for s, i in zip(rounds["structured"], ideals))[1]
+    assert row[5] == f"{want:.2f}x"
+    assert row[3] == f"{sorted(ideals)[1] * 1e3:.0f}"
+    # the ratio of medians would read otherwise here
+    assert f"{1.0 / sorted(ideals)[1]:.2f}x" != row[5]

@@ -5,13 +5,16 @@ The ideal of a structured call is (allowed pairs / causal pairs) x the time of p
 attention by the same function, measured side by side; for the module it is projection-aware
 (the projections' time, plus that fraction of the causal attention's). Peers in the same run:
 SDPA under the dense (T, T) mask, and compiled `flex_attention` with a BlockMask (forward
-only: torch has no flex backward on CPU). Forward + backward unless marked.
+only: torch has no flex backward on CPU). Forward + backward unless marked. Every contender
+runs once per round, in a fresh random order; a row's ratio is the median over rounds of the
+structured time over the ideal from the same round's samples.
 
 Shapes: the function at q/k/v (1, 8, T, 64); the module at width 512, 8 heads, (1, T, 512).
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections.abc import Callable
 
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 from ..functional import attention, masks
 from ..modules import MultiHeadAttention
 from ..table import format_table
-from .timing import environment, measure
+from .timing import environment, measure_rounds
 
 MASKS = ("window", "documents", "prefix")
 WINDOW, DOCUMENTS = 256, 8
@@ -116,14 +119,27 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
     flex = _flex(kind, q, k, v)
     if callable(flex):
         fns["flex fwd"] = flex
-    s = measure(fns, repeats=repeats, warmup=1, min_time=0.0)
-    ideal = allowed_pairs(kind, T) / (T * (T + 1) / 2) * s["causal"]
+    rounds = measure_rounds(fns, repeats=repeats, warmup=1, min_time=0.0)
+    share = allowed_pairs(kind, T) / (T * (T + 1) / 2)
+    ideals = [share * c for c in rounds["causal"]]
+    s, ratio = _medians(rounds), _ratio(rounds["structured"], ideals)
+    ideal = statistics.median(ideals)
     flex_cell = f"{s['flex fwd'] * 1e3:.0f}" if "flex fwd" in s else str(flex)
     return [
         kind, f"attention() T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
-        f"{s['structured'] * 1e3:.0f}", f"{s['structured'] / ideal:.2f}x",
+        f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x",
         f"{s['dense sdpa'] * 1e3:.0f}", f"{s['structured fwd'] * 1e3:.0f}", flex_cell,
     ]  # fmt: skip
+
+
+def _medians(rounds: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(times) for name, times in rounds.items()}
+
+
+def _ratio(times: list[float], ideals: list[float]) -> float:
+    """The median over rounds of time / ideal, each from the same round's samples (the
+    machine's load moves between rounds by more than the gaps read here)."""
+    return statistics.median(t / i for t, i in zip(times, ideals, strict=True))
 
 
 def _no_grad(fn):
@@ -150,12 +166,17 @@ def module_row(kind: str, T: int, repeats: int) -> list[str]:
         "dense mask": _train(lambda: m(x, mask=dense)),  # the path structure replaces
         "projections": _train(projections),
     }
-    s = measure(fns, repeats=repeats, warmup=1, min_time=0.0)
+    rounds = measure_rounds(fns, repeats=repeats, warmup=1, min_time=0.0)
     share = allowed_pairs(kind, T) / (T * (T + 1) / 2)
-    ideal = s["projections"] + share * max(s["causal"] - s["projections"], 0.0)
+    ideals = [
+        p + share * max(c - p, 0.0)
+        for p, c in zip(rounds["projections"], rounds["causal"], strict=True)
+    ]
+    s, ratio = _medians(rounds), _ratio(rounds["structured"], ideals)
+    ideal = statistics.median(ideals)
     return [
         kind, f"module T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
-        f"{s['structured'] * 1e3:.0f}", f"{s['structured'] / ideal:.2f}x",
+        f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x",
         f"{s['dense mask'] * 1e3:.0f}", "", "",
     ]  # fmt: skip
 
@@ -179,7 +200,8 @@ def main(kinds: tuple[str, ...], *, quick: bool = False, repeats: int = 3) -> st
         "backward unless 'fwd'; " + ", ".join(f"{k} {v}" for k, v in env.items()),
         f"window = {WINDOW}; documents = {DOCUMENTS} equal causal documents; prefix = T/4.",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
-        "projections + that share of the causal attention); dense-mask = SDPA under the "
+        "projections + that share of the causal attention), per round; /ideal = the median "
+        "over rounds of structured / ideal; dense-mask = SDPA under the "
         "(T, T) mask (function: torch's; module: mask=); flex = compiled flex_attention "
         "with a BlockMask.",
         "",
