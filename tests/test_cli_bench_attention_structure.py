@@ -48,9 +48,11 @@ def test_rows_read_the_median_of_per_round_ratios(monkeypatch):
     monkeypatch.setattr(attention_structure, "measure_rounds", lambda fns, **k: rounds)
     T = 1024
     share = attention_structure.allowed_pairs("window", T) / (T * (T + 1) / 2)
-    ideals = [p + share * (c - p) for p, c in zip(rounds["projections"], rounds["causal"])]
+    ideals = [
+        p + share * (c - p) for p, c in zip(rounds["projections"], rounds["causal"], strict=True)
+    ]
     row = attention_structure.module_row("window", T, repeats=3)
-    want = sorted(s / i for s, i in zip(rounds["structured"], ideals))[1]
+    want = sorted(s / i for s, i in zip(rounds["structured"], ideals, strict=True))[1]
     assert row[5] == f"{want:.2f}x"
     assert row[3] == f"{sorted(ideals)[1] * 1e3:.0f}"
     # the ratio of medians would read otherwise here
