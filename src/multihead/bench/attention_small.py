@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..modules import MultiHeadAttention
 from ..modules.cache import KVCache
 from ..table import format_table
-from .timing import measure_rounds
+from .timing import measure_rounds, median_ratio
 
 CACHED = 128
 ROUNDS = 201  # rounds of a full run (each ~20 ms per row); --quick runs its own few
@@ -84,7 +84,7 @@ def report(repeats: int = ROUNDS) -> str:
             (f"decode step E576 H9, {CACHED} cached", decode_contenders()),
         ):
             s = measure_rounds(fns, repeats=repeats, min_time=SAMPLE_TIME)
-            ratio = statistics.median(a / b for a, b in zip(s["mh"], s["floor"], strict=True))
+            ratio = median_ratio(s["mh"], s["floor"])
             mh, floor = (statistics.median(s[k]) * 1e6 for k in ("mh", "floor"))
             rows.append([name, f"{mh:.0f}", f"{floor:.0f}", f"{ratio:.2f}x"])
     table = format_table(["small call", "mh us", "floor us", "mh/floor"], rows)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..functional import attention, masks
 from ..modules import MultiHeadAttention
 from ..table import format_table
-from .timing import environment, measure_rounds
+from .timing import environment, measure_rounds, median_ratio
 
 MASKS = ("window", "documents", "prefix")
 WINDOW, DOCUMENTS = 256, 8
@@ -122,7 +122,7 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
     rounds = measure_rounds(fns, repeats=repeats, warmup=1, min_time=0.0)
     share = allowed_pairs(kind, T) / (T * (T + 1) / 2)
     ideals = [share * c for c in rounds["causal"]]
-    s, ratio = _medians(rounds), _ratio(rounds["structured"], ideals)
+    s, ratio = _medians(rounds), median_ratio(rounds["structured"], ideals)
     ideal = statistics.median(ideals)
     flex_cell = f"{s['flex fwd'] * 1e3:.0f}" if "flex fwd" in s else str(flex)
     return [
@@ -134,12 +134,6 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
 
 def _medians(rounds: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(times) for name, times in rounds.items()}
-
-
-def _ratio(times: list[float], ideals: list[float]) -> float:
-    """The median over rounds of time / ideal, each from the same round's samples (the
-    machine's load moves between rounds by more than the gaps read here)."""
-    return statistics.median(t / i for t, i in zip(times, ideals, strict=True))
 
 
 def _no_grad(fn):
@@ -172,7 +166,7 @@ def module_row(kind: str, T: int, repeats: int) -> list[str]:
         p + share * max(c - p, 0.0)
         for p, c in zip(rounds["projections"], rounds["causal"], strict=True)
     ]
-    s, ratio = _medians(rounds), _ratio(rounds["structured"], ideals)
+    s, ratio = _medians(rounds), median_ratio(rounds["structured"], ideals)
     ideal = statistics.median(ideals)
     return [
         kind, f"module T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",

@@ -128,6 +128,13 @@ def measure_rounds(
     return samples
 
 
+def median_ratio(times: list[float], baselines: list[float]) -> float:
+    """The median over rounds of time / baseline, each pair from the same round (of
+    `measure_rounds`): the machine's load moves between rounds by more than the gaps a small
+    ratio reads, and two samples of one round see the same load."""
+    return statistics.median(t / b for t, b in zip(times, baselines, strict=True))
+
+
 def matmul_gflops(
     n: int = 1024,
     repeats: int = 5,
