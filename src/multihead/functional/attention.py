@@ -52,7 +52,7 @@ def dispatch_plain(
     registered and asked first, no empty length, causality the kernel's own), that call runs
     without building the `AttentionCall`: the same kernel, arguments and result (measured on
     `multihead bench attention`'s small calls, 201-round medians of per-round ratios: decode
-    step 1.16x -> 1.13x of the floor, eval 1.14x-1.15x -> 1.09x-1.10x)."""
+    step 1.15x-1.17x -> 1.13x-1.14x of the floor, eval 1.12x-1.14x -> 1.09x-1.11x)."""
     if mask is None and window is None and first_plain_backend() is SDPA_BACKEND:
         out = sdpa_plain(q, k, v, causal, dropout_p)
         if out is not None:

@@ -331,10 +331,8 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         query (B, T, C) -> (B, T, C)."""
         H, Hkv = self.num_heads, self.num_kv_heads
         B, T, _ = query.shape
-        # (B, T, C) -> (B, T, H + 2 Hkv, D) -> (B, H + 2 Hkv, T, D) -> q (B, H, T, D), k, v
-        # (B, Hkv, T, D): split_fused written out (a call less)
-        qkv = linear(_sub(self, "in_proj"), query).view(B, T, H + 2 * Hkv, self.head_dim)
-        q, k, v = qkv.transpose(1, 2).split_with_sizes((H, Hkv, Hkv), dim=1)
+        # (B, T, C) -> q (B, H, T, D), k, v (B, Hkv, T, D)
+        q, k, v = split_fused(linear(_sub(self, "in_proj"), query), (H, Hkv, Hkv))
         mask, window = None, None
         if cache is not None:
             k, v, mask, window = cache.append_plain(self, k, v)
