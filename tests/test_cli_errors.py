@@ -259,6 +259,16 @@ def test_bench_argument_problems(capsys, monkeypatch):
     fails(capsys, ["bench", "attention", "--repeats", "0"], "argument --repeats")
     fails(capsys, ["bench", "decode", "--new", "1"], "--new must be at least 2")
     fails(capsys, ["bench", "decode", "--prompt", "1000", "--new", "100"], "1024 positions")
+    # More threads than CPUs gains nothing, and torch.set_num_threads(99999) segfaults: the
+    # option stops at the CPUs this process may use (two here, as the test pretends).
+    monkeypatch.setattr("multihead.cli.parsing.usable_cpus", lambda: 2)
+    for command in (["bench", "attention"], ["train", "reverse"]):
+        fails(capsys, [*command, "--threads", "99999"],
+              "argument --threads: expected at most 2 (the CPUs here), got 99999",
+              f"(see: multihead {' '.join(command)} --help)")  # fmt: skip
+    # An argument no command takes points at the command's own help, not the top level's.
+    fails(capsys, ["bench", "attention", "--mask", "window", "extra"],
+          "unrecognized arguments: extra (see: multihead bench attention --help)")  # fmt: skip
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     fails(capsys, ["bench", "embed"], "compares against sentence-transformers", "[bench]")
 

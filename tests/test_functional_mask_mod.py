@@ -396,3 +396,28 @@ def test_bad_mask_mod_results(fn, error, match, backend):
     q, k, v = qkv(T, T)
     with pytest.raises(error, match=match):
         attention(q, k, v, mask_mod=fn, block_size=BLOCK, backend=backend)
+
+
+def _python_and(b, h, q, k):
+    return (k <= q) and (q - k < 4)
+
+
+def _python_if(b, h, q, k):
+    if q > k:
+        return q == q
+    return k == k
+
+
+@pytest.mark.parametrize("fn", [_python_and, _python_if])
+@pytest.mark.parametrize("backend", [*BACKENDS, "flex"])
+def test_python_logic_in_a_mask_mod_is_named_with_the_fix(fn, backend):
+    # torch alone says "Boolean value of Tensor with more than one value is ambiguous" (or,
+    # under flex's vmap, "data-dependent control flow"), naming neither mask_mod nor the fix
+    q, k, v = (t.float() for t in qkv(T, T))  # (flex takes no fp64)
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            TypeError, match=r"mask_mod must combine .* \(&, \|, ~, torch.where\), not Python `and`"
+        ),
+    ):
+        attention(q, k, v, mask_mod=fn, block_size=BLOCK, backend=backend)

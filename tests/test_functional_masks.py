@@ -1,5 +1,7 @@
 """Mask helpers: conventions, alignment and conversions."""
 
+import sys
+
 import pytest
 import torch
 
@@ -31,6 +33,12 @@ def test_sliding_window():
     assert sym.tolist() == [[True, True, False], [True, True, True], [False, True, True]]
     with pytest.raises(ValueError, match=r"window"):
         masks.sliding_window(3, 3, 0)
+
+
+@pytest.mark.parametrize("window", [sys.maxsize, 10**30])
+def test_a_sliding_window_wider_than_the_sequence_is_causal_or_full(window):
+    assert torch.equal(masks.sliding_window(3, 5, window), masks.causal(3, 5))
+    assert masks.sliding_window(3, 5, window, causal=False).all()
 
 
 def test_padding():

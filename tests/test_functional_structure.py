@@ -3,6 +3,9 @@ mask written out here pair by pair: outputs, weights, gradients of q, k, v and b
 rows with nothing to attend, grouped-query heads, cross lengths (bottom-right), and property
 tests over shapes and structures."""
 
+import sys
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -67,6 +70,36 @@ def test_structure_matches_the_dense_mask(backend, name, hkv):
     assert_close(out, ref)
     for a, b in zip(grads(out, q, k, v), grads(ref, q, k, v), strict=True):
         assert_close(a, b)
+
+
+UNBOUNDED = [sys.maxsize, 10**30, (0, sys.maxsize), (sys.maxsize, 2), (2**62, 2**62)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("window", UNBOUNDED, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_window_wider_than_any_sequence_restricts_only_what_it_reaches(backend, window, causal):
+    # "No limit" written as sys.maxsize once wrapped around in int64 position arithmetic
+    # (p + right) and emptied rows without an error; 10**30 raised torch's OverflowError.
+    q, k, v = qkv(20, 20)
+    out = attention(q, k, v, causal=causal, window=window, backend=backend)
+    # (the reference's positions are Python ints: exact at any width)
+    ref, _ = reference_attention(q, k, v, mask=dense_mask(20, 20, causal=causal, window=window))
+    assert_close(out, ref)
+    for a, b in zip(grads(out, q, k, v), grads(ref, q, k, v), strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpy_integers_are_windows_like_ints(backend):
+    q, k, v = qkv(20, 20)
+    for np_window, window in [(np.int64(5), 5), ((np.int32(2), np.uint8(6)), (2, 6))]:
+        out = attention(q, k, v, causal=True, window=np_window, backend=backend)
+        assert_close(out, attention(q, k, v, causal=True, window=window, backend=backend))
+    with pytest.raises(ValueError, match=r"window must be a positive int.*got np.int64\(0\)"):
+        attention(q, k, v, window=np.int64(0), backend=backend)
+    with pytest.raises(ValueError, match=r"window must be .*got tensor\(4\)"):
+        attention(q, k, v, window=torch.tensor(4), backend=backend)  # (reading it breaks tracing)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "tiled"])

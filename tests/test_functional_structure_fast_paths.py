@@ -3,6 +3,8 @@
 per document, tile_segments.py) and an int prefix (three large calls, tile_prefix.py). Each case also checks the path was taken (or not),
 so a plan change cannot silently send these shapes back to the general tile loop."""
 
+import sys
+
 import pytest
 import torch
 
@@ -70,6 +72,17 @@ def test_a_causal_window_runs_as_one_band(spy, T, W, hkv, dtype):
     ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
     check(out, ref, (q, k, v), dtype)
     assert spy["band_backward"] == 1
+
+
+@pytest.mark.parametrize("window", [sys.maxsize, (sys.maxsize, 0), (0, sys.maxsize), 10**30])
+def test_a_window_wider_than_the_sequence_is_no_window_at_full_tile_sizes(window):
+    # (the tiled backend's own tiles, not the small ones other files force: "no limit" as
+    # sys.maxsize once overflowed its int64 positions and emptied rows)
+    q, k, v = qkv(1, 2, 2, 300, torch.float64)
+    out = attention(q, k, v, causal=True, window=window, backend="tiled")
+    mask = structure_mask_pairwise(1, 300, 300, causal=True, window=window)  # (Python ints)
+    ref, _ = reference_attention(q, k, v, mask=mask)
+    check(out, ref, (q, k, v), torch.float64)
 
 
 @pytest.mark.parametrize("per_call", [1, 3])

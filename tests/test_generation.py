@@ -162,6 +162,15 @@ def test_inputs_are_checked_once_per_call():
         m.generate(ids, 2, compile="yes")
     with pytest.raises(ValueError, match="eos_check_every must be a positive int"):
         m.generate(ids, 2, eos_check_every=0)
+    # a keyword generate does not take is named as generate's, with the ones it takes
+    # (the generator underneath once named itself: "generate_stream() got ...")
+    for bad in ("window", "temprature"):
+        with pytest.raises(
+            TypeError,
+            match=rf"generate\(\) got an unexpected keyword argument '{bad}'; it takes "
+            r"attention_mask, temperature, top_k, top_p, eos, generator, compile, eos_check_every$",
+        ):
+            m.generate(ids, 2, **{bad: 3})
     with pytest.raises(
         ValueError,
         match=r"prompt \(5 tokens\) \+ max_new_tokens \(92\) is longer than the position table \(96 positions\)",

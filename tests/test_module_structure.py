@@ -2,6 +2,7 @@
 (each against the same module under the equivalent dense mask), and bad input naming the
 argument."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,6 +84,13 @@ def test_window_cache_decoding_equals_the_full_forward():
     steps = [m(x[:, :5], cache=cache, window=4)]
     steps += [m(x[:, i : i + 1], cache=cache, window=4) for i in range(5, T)]
     assert_close(torch.cat(steps, dim=1), full)
+    # ... and the cache's narrows a wider one, given as a numpy integer as well as an int
+    # (a numpy window once skipped the narrowing and attended past the cache's window).
+    for wide in (9, np.int64(9)):
+        cache = KVCache(B, HKV, C // H, window=4, dtype=torch.float64)
+        steps = [m(x[:, :5], cache=cache, window=wide)]
+        steps += [m(x[:, i : i + 1], cache=cache, window=wide) for i in range(5, T)]
+        assert_close(torch.cat(steps, dim=1), full)
 
 
 def test_large_module_call_runs_tiled_and_matches_dense():

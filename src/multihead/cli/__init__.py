@@ -44,8 +44,8 @@ def _add(commands, module_name: str, depth: int = 0) -> None:
         )
         for member in members:
             _add(group, member, depth + 1)
-    else:
-        parser.set_defaults(run=module.run)
+    else:  # (its prog names the command in an "unrecognized arguments" error)
+        parser.set_defaults(run=module.run, _prog=parser.prog)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +72,10 @@ def _silence_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # (argparse would point at `multihead --help`, not the command's own)
+            prog = getattr(args, "_prog", parser.prog)
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see: {prog} --help)")
         if not hasattr(args, "run"):
             parser.print_help()
             return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 
 from .errors import UsageError
-from .parsing import positive_int
+from .parsing import thread_count
 
 NAME = "bench"
 HELP = "run a benchmark and print its table"
@@ -25,7 +25,9 @@ SUBCOMMANDS = (
 
 
 def add_common(parser) -> None:
-    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads")
+    parser.add_argument(
+        "--threads", type=thread_count, help="torch intra-op threads (1 .. the CPUs here)"
+    )
 
 
 DTYPES = ("fp32", "bf16", "fp16")

@@ -4,6 +4,7 @@ argument types that check numbers as they are read."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -35,3 +36,24 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS tells it, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not on macOS / Windows)
+        return os.cpu_count() or 1
+
+
+def thread_count(text: str) -> int:
+    """--threads: 1 .. the usable CPUs. More gains nothing on one process, and far more
+    crashes torch (`torch.set_num_threads(99999)` ends the process with a segfault)."""
+    value = positive_int(text)
+    cpus = usable_cpus()
+    if value > cpus:
+        raise argparse.ArgumentTypeError(f"expected at most {cpus} (the CPUs here), got {value}")
+    return value
+
+
+thread_count.__name__ = "integer"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UsageError
-from .parsing import non_negative_int, positive_int
+from .parsing import non_negative_int, positive_int, thread_count
 
 NAME = "train"
 HELP = "training demos: watch heads specialise (induction heads, cross-attention alignment)"
@@ -39,7 +39,10 @@ def add_common(parser: argparse.ArgumentParser, *, steps: int, eval_every: int, 
     # One thread by default: at these sizes (64 wide, 12-32 tokens) a second intra-op thread
     # buys little, and on a busy machine its spin-waits made steps 20-40x slower (measured).
     parser.add_argument(
-        "--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)"
+        "--threads",
+        type=thread_count,
+        default=1,
+        help="torch intra-op threads (default 1; at most the CPUs here)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(

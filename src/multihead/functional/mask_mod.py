@@ -111,6 +111,26 @@ def _checked(result: object, target: tuple[int, int, int, int], device: torch.de
     return result if result.dim() == 4 else result.view((1,) * (4 - result.dim()) + shape)
 
 
+# What torch says when a mask_mod branches on its index tensors in Python (`and`, `or`, `not`,
+# `if`): eagerly, and under vmap (flex's create_block_mask calls it with scalars, batched).
+_PYTHON_LOGIC = ("Boolean value of Tensor", "data-dependent control flow")
+
+
+def call_mask_mod(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+    """`mask_mod(b, h, q_idx, kv_idx)`, with Python logic on its tensors named as the
+    mask_mod's mistake (torch's own message names neither the argument nor the fix)."""
+    try:
+        return mask_mod(b, h, q_idx, kv_idx)
+    except RuntimeError as e:
+        if not any(text in str(e) for text in _PYTHON_LOGIC):
+            raise
+        raise TypeError(
+            "mask_mod must combine its index tensors with tensor operations (&, |, ~, "
+            "torch.where), not Python `and`, `or`, `not` or `if`: it is called with tensors of "
+            f"many indices at once (torch: {str(e).splitlines()[0]})"
+        ) from e
+
+
 def mod_mask(
     mask_mod: MaskMod,
     batch: int,
@@ -130,7 +150,7 @@ def mod_mask(
     h = torch.arange(heads, device=device).view(1, -1, 1, 1)
     q_idx = torch.arange(q0 + offset, q1 + offset, device=device).view(1, 1, -1, 1)
     kv_idx = torch.arange(k0, k1, device=device).view(1, 1, 1, -1)
-    result = mask_mod(b, h, q_idx, kv_idx)
+    result = call_mask_mod(mask_mod, b, h, q_idx, kv_idx)
     return _checked(result, (batch, heads, q1 - q0, k1 - k0), device)
 
 

@@ -65,6 +65,7 @@ def sliding_window(
     _check_length("tk", tk)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be a positive int, got {window!r}")
+    window = min(window, tq + tk)  # (wider restricts nothing; keeps `dist < window` in int64)
     pos = torch.arange(tq, device=device)[:, None] + _offset(tq, tk, align)  # (Tq, 1)
     keys = torch.arange(tk, device=device)[None, :]  # (1, Tk)
     dist = pos - keys

@@ -20,6 +20,7 @@ are (B or 1, 1, tq, tk) booleans, True = may attend.
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -48,7 +49,25 @@ class Structure(NamedTuple):
     block: tuple[int, int] | None = None
 
 
+# A window side wider than this restricts no sequence that fits in memory; capping it keeps the
+# position arithmetic (p - left, p + right, in int64 tensors) from overflowing when a caller
+# writes "no limit" as sys.maxsize (which wrapped around and emptied rows) or 10**30.
+WINDOW_CAP = 2**40
+
+
+def _window_side(value: object) -> int | None:
+    """A non-negative integer (Python or numpy; not bool, not a tensor: reading one would
+    break tracing) capped at WINDOW_CAP, else None."""
+    if isinstance(value, (bool, Tensor)) or not isinstance(value, numbers.Integral):
+        return None
+    side = int(value)
+    return min(side, WINDOW_CAP) if side >= 0 else None
+
+
 def check_window(window: object) -> tuple[int, int]:
+    """`window=` as (left, right) keys each side of the query's position: an int W >= 1 is
+    (W - 1, W - 1); a (left, right) pair is taken as is. Sides are capped at WINDOW_CAP."""
+
     def bad() -> ValueError:
         return ValueError(
             "window must be a positive int W (keys within W positions of the query: "
@@ -56,16 +75,16 @@ def check_window(window: object) -> tuple[int, int]:
             f"got {window!r}"
         )
 
-    if isinstance(window, int) and not isinstance(window, bool):
-        if window < 1:
+    if not isinstance(window, (tuple, list)):
+        side = _window_side(window)
+        if side is None or side < 1:
             raise bad()
-        return window - 1, window - 1
-    if isinstance(window, (tuple, list)) and len(window) == 2:
-        left, right = window
-        for side in (left, right):
-            if isinstance(side, bool) or not isinstance(side, int) or side < 0:
-                raise bad()
-        return int(left), int(right)
+        return side - 1, side - 1
+    if len(window) == 2:
+        left, right = (_window_side(s) for s in window)
+        if left is None or right is None:
+            raise bad()
+        return left, right
     raise bad()
 
 

@@ -11,6 +11,7 @@ key_mask (B, Tk); positions (Tq,) or (B, Tq).
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -151,8 +152,8 @@ def narrowest(
     """The caller's window and a cache's together (each side the narrower of the two)."""
     if window is None or cached is None:
         return window if cached is None else cached
-    if isinstance(window, int):
-        return min(window, cached)
+    if isinstance(window, numbers.Integral) and not isinstance(window, bool):
+        return min(int(window), cached)  # (numpy ints too, as make_call takes them)
     if isinstance(window, (tuple, list)) and len(window) == 2:
         return (min(window[0], cached - 1), min(window[1], cached - 1))
     return window  # malformed: make_call names it

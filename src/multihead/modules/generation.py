@@ -17,6 +17,7 @@ Shapes: prompt_ids (B, P); attention_mask (B, P); logits (B, V); tokens (B,).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -311,7 +312,20 @@ def _stream(
         positions = positions + 1
 
 
+def _check_options(kwargs: dict[str, Any]) -> None:
+    """generate's keywords are generate_stream's: name a stranger as generate's (the generator
+    would name itself, a function the caller never called)."""
+    taken = list(inspect.signature(generate_stream).parameters)[3:]  # (after the positionals)
+    unknown = [name for name in kwargs if name not in taken]
+    if unknown:
+        raise TypeError(
+            f"generate() got an unexpected keyword argument {unknown[0]!r}; "
+            f"it takes {', '.join(taken)}"
+        )
+
+
 def generate(model: CausalLM, prompt_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
     """(B, P + new): the prompts followed by the generated tokens (see `generate_stream`)."""
+    _check_options(kwargs)
     new = list(generate_stream(model, prompt_ids, max_new_tokens, **kwargs))
     return torch.cat([prompt_ids, torch.stack(new, dim=1)], dim=1)

@@ -28,6 +28,7 @@ from torch.nn.attention.flex_attention import (  # torch >= 2.5
 )
 
 from ..call import AttentionCall
+from ..mask_mod import call_mask_mod
 
 # (the tiled backend's threshold, measured on CPU; unmeasured on CUDA: no GPU was at hand)
 from .tiled import MIN_PAIRS
@@ -141,7 +142,7 @@ def _mask_mod(call: AttentionCall, B: int, H: int, tq: int, tk: int):
     if s is not None and s.mask_mod is not None:
         user = s.mask_mod
         by_batch = by_head = True
-        terms.append(lambda b, h, i, j: user(b, h, i + offset, j))
+        terms.append(lambda b, h, i, j: call_mask_mod(user, b, h, i + offset, j))
     if call.mask is not None:
         mask = call.mask.expand(B, H, tq, tk)  # a view: broadcast dims stay stride 0
         by_batch = by_batch or call.mask.shape[0] != 1
