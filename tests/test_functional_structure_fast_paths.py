@@ -3,6 +3,7 @@
 per document, tile_segments.py) and an int prefix (three large calls, tile_prefix.py). Each case also checks the path was taken (or not),
 so a plan change cannot silently send these shapes back to the general tile loop."""
 
+import functools
 import sys
 
 import pytest
@@ -98,6 +99,59 @@ def test_a_band_backward_in_several_kernel_calls_adds_up(monkeypatch, spy, per_c
     ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
     check(out, ref, (q, k, v), torch.float64)
     assert spy["band_backward"] == 1
+
+
+def _head_dim_strided(layout, B, H, T, dtype):
+    """q, k, v (B, H, T, D) whose head dimension is not contiguous, with their leaves."""
+    if layout == "permuted":  # a (B, T, D, H) layout seen as (B, H, T, D)
+        leaves = [torch.randn(B, T, D, H, dtype=dtype, requires_grad=True) for _ in range(3)]
+        return [x.permute(0, 3, 1, 2) for x in leaves], leaves
+    if layout == "every-other":
+        leaves = [torch.randn(B, H, T, 2 * D, dtype=dtype, requires_grad=True) for _ in range(3)]
+        return [x[..., ::2] for x in leaves], leaves
+    leaves = [torch.randn(B, H, T, 1, dtype=dtype, requires_grad=True) for _ in range(3)]
+    return [x.expand(B, H, T, D) for x in leaves], leaves  # (stride 0)
+
+
+STRIDED_IDS = [[0] * 120 + [1] * 100 + [2] * 80, [0] * 300]  # (B 2, T 300)
+STRIDED_CASES = {
+    "band": {"window": 64},
+    "segments": {"documents": STRIDED_IDS},
+    "prefix": {"prefix": 70},
+    "tiles": {"window": 9, "documents": STRIDED_IDS},  # (the general plan)
+}
+
+
+@functools.cache
+def _pairwise_mask(kind):  # (written out pair by pair: once per case, not per test)
+    return structure_mask_pairwise(2, 300, 300, causal=True, **STRIDED_CASES[kind])
+
+
+# (fp32 with an expanded head dimension sums 8 rounded gradients into each leaf entry: past
+# fp32's tolerance where they cancel, so that layout runs in fp64 only)
+LAYOUTS = [
+    (layout, dtype)
+    for layout in ("permuted", "every-other", "expanded")
+    for dtype in (torch.float64, torch.float32)
+    if not (layout == "expanded" and dtype == torch.float32)
+]
+
+
+@pytest.mark.parametrize(("layout", "dtype"), LAYOUTS)
+@pytest.mark.parametrize("kind", ["band", "segments", "prefix", "tiles"])
+def test_a_head_dimension_that_is_not_contiguous(spy, layout, kind, dtype):
+    # torch's bare CPU kernel, which the fast paths call, reads the head dimension as
+    # contiguous without checking: such inputs once gave NaN, inf and 1e20 here
+    T = 300
+    (q, k, v), leaves = _head_dim_strided(layout, 2, 4, T, dtype)
+    ids = STRIDED_IDS
+    structure = STRIDED_CASES[kind]
+    args = {**structure, "documents": torch.tensor(ids)} if "documents" in structure else structure
+    allowed = _pairwise_mask(kind)
+    out = attention(q, k, v, causal=True, backend="tiled", **args)
+    ref, _ = reference_attention(*(t.double() for t in (q, k, v)), mask=allowed)
+    assert (not any(spy.values())) if kind == "tiles" else spy[kind] == 1  # the path ran
+    check(out, ref, leaves, dtype)
 
 
 @pytest.mark.parametrize("layout", ["expanded", "transposed"])

@@ -64,6 +64,11 @@ def tiled_prefer(call: AttentionCall) -> bool:
 
 def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     q, k, v, mask, bias = call.q, call.k, call.v, call.mask, call.bias
+    # torch's bare CPU kernel (tile_kernel.flash_forward: the fast paths call it on q, k, v
+    # as given) reads the head dimension as contiguous without checking; a head_dim stride
+    # other than 1 (a (B, T, D, H) layout permuted, a strided slice) gave garbage, NaN and
+    # 1e20 included. Public SDPA sends such inputs to its math backend; here they are copied.
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     structure = call.structure
     B, H, tq, _ = q.shape
     tk = k.shape[2]
