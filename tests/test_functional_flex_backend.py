@@ -67,6 +67,18 @@ def test_structure_matches_the_reference(name):
     assert_close(got, want, torch.float32)
 
 
+def test_one_process_runs_many_windows_and_lengths():
+    # (no reset between calls, as in a user's process: with torch's automatic dynamic
+    # shapes the second window made its ints symbolic, and every flex call after it failed
+    # in torch's C++ code generation)
+    for tq, window, causal in [(64, (3, 6), False), (64, (2, 5), False), (64, 4, True),
+                               (48, 4, True)]:  # fmt: skip
+        q, k, v = qkv(tq=tq, tk=tq)
+        got = attention(q, k, v, causal=causal, window=window, backend="flex")
+        allowed = structure_mask_pairwise(B, tq, tq, causal=causal, window=window)
+        assert_close(got, reference_attention(q, k, v, mask=allowed)[0], torch.float32)
+
+
 def test_mask_emptying_rows_gives_zeros_and_bias_is_added():
     q, k, v = qkv()
     key_mask = torch.ones(B, 1, 1, T, dtype=torch.bool)

@@ -90,7 +90,7 @@ def flex_run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
             mask_mod, B if by_batch else None, H if by_head else None, tq, tk, device=q.device
         )
     # (traced in place inside a compiled region; else the compiled one)
-    run = _eager if compiling else _compiled()
+    run = _eager if compiling else _compiled(static=q.device.type == "cpu")
     out = run(
         q, k, v, score_mod=_score_mod(call.bias, B, H, tq, tk), block_mask=block_mask,
         scale=call.scale, enable_gqa=q.shape[1] != k.shape[1],
@@ -109,11 +109,14 @@ def _compiled_block_mask() -> Callable[..., BlockMask]:
 
 
 @functools.cache
-def _compiled() -> Callable[..., Tensor]:
+def _compiled(static: bool) -> Callable[..., Tensor]:
     """flex_attention compiled once for the process (torch keeps its graphs per shape and mask
     function, recompiling as they change): a cache of compiled code, not state that changes
-    per call."""
-    return torch.compile(flex_attention)
+    per call. `static` on CPU: with torch's automatic dynamic shapes, a second window made
+    the window's ints symbolic and torch 2.13's C++ code generation then failed on every
+    later call ("'cur_kvSplitSize5' was not declared"); static graphs recompile per shape
+    and window instead."""
+    return torch.compile(flex_attention, dynamic=False if static else None)
 
 
 def _mask_mod(call: AttentionCall, B: int, H: int, tq: int, tk: int):
