@@ -2,6 +2,8 @@
 (each against the same module under the equivalent dense mask), and bad input naming the
 argument."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -91,6 +93,67 @@ def test_window_cache_decoding_equals_the_full_forward():
         steps = [m(x[:, :5], cache=cache, window=wide)]
         steps += [m(x[:, i : i + 1], cache=cache, window=wide) for i in range(5, T)]
         assert_close(torch.cat(steps, dim=1), full)
+
+
+def _token_positions_mod(b, h, q_idx, kv_idx):  # reads absolute positions
+    return (kv_idx % 3 != 1) | (kv_idx == q_idx)
+
+
+@pytest.mark.parametrize("max_length", [None, T])
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_a_window_cache_counts_structure_in_token_positions(max_length, chunk):
+    # A window cache hands attention only its last keys; documents, prefix and mask_mod are
+    # given in token positions (documents cover every token so far), so decoding equals the
+    # full forward. (They were counted among the kept keys: mask_mod gave other results,
+    # documents of every token so far were refused.)
+    m = module(causal=True)
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    documents = torch.tensor([[0] * 4 + [1] * 7, [5] * 9 + [6] * 2])
+    cases = [
+        ({"mask_mod": _token_positions_mod}, lambda t1: {"mask_mod": _token_positions_mod}),
+        ({"documents": documents}, lambda t1: {"documents": documents[:, :t1]}),
+        ({"prefix": 5}, lambda t1: {"prefix": 5}),
+        ({"prefix": torch.tensor([5, 0])}, lambda t1: {"prefix": torch.tensor([5, 0])}),
+    ]
+    for whole, upto in cases:
+        full = m(x, window=4, **whole)
+        cache = KVCache(B, HKV, C // H, window=4, max_length=max_length, dtype=torch.float64)
+        starts = [0, 5, *range(5 + chunk, T, chunk)]  # (a prefill of 5: the prefix's tokens)
+        steps = [m(x[:, a:b], cache=cache, **upto(b)) for a, b in itertools.pairwise([*starts, T])]
+        assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_a_causal_lm_with_window_layers_decodes_structure_as_its_full_forward():
+    config = LMConfig(vocab_size=50, dim=C, num_layers=2, num_heads=H, num_kv_heads=HKV,
+                      position="rope", sliding_window=4, full_attention_layers=(1,))  # fmt: skip
+    lm = CausalLM(config).double().eval()
+    ids = torch.randint(0, 50, (B, 14))
+    documents = torch.tensor([[0] * 6 + [1] * 8, [0] * 3 + [1] * 11])
+    full = lm(ids, mask_mod=_token_positions_mod, documents=documents)
+    caches = lm.make_caches(B)
+    steps = [
+        lm(ids[:, t : t + 1], caches=caches, mask_mod=_token_positions_mod,
+           documents=documents[:, : t + 1])
+        for t in range(14)
+    ]  # fmt: skip
+    assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_structure_past_a_window_cache_names_the_tokens_so_far():
+    m = module(causal=True)
+
+    def cache_after_six():  # 6 tokens seen; the next call gets 3 keys, 4 tokens dropped
+        cache = KVCache(B, HKV, C // H, window=3, dtype=torch.float64)
+        m(torch.randn(B, 6, C, dtype=torch.float64), cache=cache)
+        return cache
+
+    x = torch.randn(B, 1, C, dtype=torch.float64)
+    with pytest.raises(
+        ValueError, match=r"documents must cover every token so far: shape \(2, 7\)"
+    ):
+        m(x, cache=cache_after_six(), documents=torch.zeros(B, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"prefix must be in 0 .. 7 \(the tokens so far\), got 8"):
+        m(x, cache=cache_after_six(), prefix=8)
 
 
 def test_large_module_call_runs_tiled_and_matches_dense():

@@ -25,7 +25,14 @@ from ..functional.varlen import VarLen
 from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
 from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, attend, head_results
-from .attention_inputs import Inputs, batch_inputs, check_key_mask, narrowest, positive_int
+from .attention_inputs import (
+    Inputs,
+    batch_inputs,
+    check_key_mask,
+    narrowest,
+    positive_int,
+    structure_after_dropped_keys,
+)
 from .attention_packed import forward_packed, refuse_with_lengths
 from .attention_positions import position_bias, rotate_by_position
 from .cache import CrossKVCache, KeySet, KVCache
@@ -201,9 +208,11 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         each. Returns `(N, C)`.
         `window`, `documents` (B, Tk), `prefix`: the structure of `functional.attention`
         (sliding window, packed documents by id, prefix-LM), passed on as such; with a
-        `KVCache`, documents cover every cached key and queries are the last positions.
+        `KVCache`, positions count every token so far (documents (B, tokens so far), a
+        prefix of P tokens, mask_mod's indices), also past what a window cache dropped;
+        queries are the last positions.
         `mask_mod`, `block_size`: a mask function of (b, h, q_idx, kv_idx) and the tile it is
-        classified by, as `functional.attention` (q_idx: positions among the cached keys).
+        classified by, as `functional.attention` (q_idx, kv_idx: token positions).
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
@@ -286,6 +295,10 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             raise ValueError(
                 "window=, documents=, prefix= and mask_mod= need keys in position order; this "
                 "StaticKVCache keeps them in slots (give the cache its window= instead)"
+            )
+        if keys.dropped and structured:  # a window cache: its first key is not token 0
+            documents, prefix, mask_mod = structure_after_dropped_keys(
+                documents, prefix, mask_mod, keys.dropped, keys.k.shape[2]
             )
         B, H, Tq, _ = q.shape
         if mask is not None:  # the user's mask, checked (as every mask is) before it is combined

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..functional.mask_mod import MaskMod
 from ..value_checks import check_non_negative
 
 
@@ -157,3 +158,43 @@ def narrowest(
     if isinstance(window, (tuple, list)) and len(window) == 2:
         return (min(window[0], cached - 1), min(window[1], cached - 1))
     return window  # malformed: make_call names it
+
+
+def structure_after_dropped_keys(
+    documents: Tensor | None,
+    prefix: int | Tensor | None,
+    mask_mod: MaskMod | None,
+    dropped: int,
+    tk: int,
+) -> tuple[Tensor | None, int | Tensor | None, MaskMod | None]:
+    """documents, prefix and mask_mod of a call whose cache no longer holds its first
+    `dropped` tokens (a window cache), moved from token positions (what the caller counts:
+    documents (B, dropped + Tk) cover every token so far, a prefix of P tokens, mask_mod's
+    q_idx / kv_idx) to positions among the Tk keys handed out (what attention counts).
+    Anything malformed passes through unchanged, for make_call to name."""
+    total = dropped + tk
+    if isinstance(documents, Tensor) and documents.dim() == 2:
+        if documents.shape[1] == total:
+            documents = documents[:, dropped:]
+        elif documents.shape[1] != tk:
+            raise ValueError(
+                f"documents must cover every token so far: shape ({documents.shape[0]}, "
+                f"{total}) ({dropped} earlier tokens the window cache dropped, {tk} keys), "
+                f"got {tuple(documents.shape)}"
+            )
+    if isinstance(prefix, int) and not isinstance(prefix, bool) and prefix >= 0:
+        if prefix > total:
+            raise ValueError(f"prefix must be in 0 .. {total} (the tokens so far), got {prefix}")
+        prefix = max(prefix - dropped, 0)
+    elif isinstance(prefix, Tensor) and not (
+        prefix.is_floating_point() or prefix.dtype == torch.bool
+    ):
+        prefix = (prefix - dropped).clamp(min=0)
+    if mask_mod is not None and callable(mask_mod):
+        user = mask_mod
+
+        def shifted(b, h, q_idx, kv_idx):  # (positions among the keys -> token positions)
+            return user(b, h, q_idx + dropped, kv_idx + dropped)
+
+        mask_mod = shifted
+    return documents, prefix, mask_mod

@@ -32,7 +32,10 @@ class KeySet(NamedTuple):
     index-based position biases (ALiBi) need: an int, or a 0-d tensor (a static cache, whose
     count lives on the device); `key_slots` (Tk,) the slot of each key when the keys are not
     in order 0 .. Tk - 1 (a ring buffer), else None; `window` a sliding window (an int, as
-    `attention(window=)`) for keys in position order, bottom-right aligned.
+    `attention(window=)`) for keys in position order, bottom-right aligned; `dropped` how many
+    tokens before the first key the cache no longer holds (a window cache's), so that
+    structure given in token positions (documents, prefix, mask_mod) can be shifted to the
+    keys handed out.
     """
 
     k: Tensor
@@ -43,6 +46,7 @@ class KeySet(NamedTuple):
     first_slot: int | Tensor
     key_slots: Tensor | None = None
     window: int | None = None  # a sliding window over keys in position order (structure)
+    dropped: int = 0  # tokens before keys[0] no longer held (the first key's position)
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
@@ -246,7 +250,8 @@ class KVCache(_SelfAttentionCache):
         Tk = keys.shape[2]
         # The window travels as structure (keys are in position order, bottom-right aligned):
         # a long prefill into a window cache builds no (T, Tk) mask.
-        return KeySet(keys, values, mask, None, causal, Tk - T, window=self.window)
+        dropped = self.length - Tk  # (a window cache keeps the last window - 1 + T only)
+        return KeySet(keys, values, mask, None, causal, Tk - T, window=self.window, dropped=dropped)
 
     def _append_dynamic(self, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
         if self._k is None:
