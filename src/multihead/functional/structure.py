@@ -90,7 +90,7 @@ def check_window(window: object) -> tuple[int, int]:
 
 def check_integer_ids(name: str, t: Tensor, shape: tuple[int, ...], device: torch.device) -> None:
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor (torch.long), got dtype {t.dtype}")
+        raise TypeError(f"{name} must be an integer tensor (e.g. torch.long), got dtype {t.dtype}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if t.device != device:
