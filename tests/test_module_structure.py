@@ -156,6 +156,47 @@ def test_structure_past_a_window_cache_names_the_tokens_so_far():
         m(x, cache=cache_after_six(), prefix=8)
 
 
+@pytest.mark.parametrize(
+    "cache_args", [{}, {"max_length": T}, {"window": 3}, {"window": 3, "max_length": T}]
+)
+def test_a_call_that_fails_its_checks_leaves_the_cache_as_it_was(cache_args):
+    # The cache appends a call's keys before the checks that need them (mask shape,
+    # structure); a failed check undoes it, so the corrected retry attends to them once.
+    # (The preallocated window cache, room 6, slides its window to the front on that call.)
+    m = module(causal=True)
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    reference = KVCache(B, HKV, C // H, dtype=torch.float64, **cache_args)
+    cache = KVCache(B, HKV, C // H, dtype=torch.float64, **cache_args)
+    want = [m(x[:, a:b], cache=reference) for a, b in [(0, 5), (5, 7), (7, T)]]
+    got = [m(x[:, :5], cache=cache)]
+    for bad in [
+        {"mask": torch.ones(B, 1, 1, 99, dtype=torch.bool)},
+        {"documents": torch.zeros(B, 99, dtype=torch.long)},
+        {"prefix": 99},
+    ]:
+        with pytest.raises(ValueError):
+            m(x[:, 5:7], cache=cache, **bad)
+        assert cache.length == 5
+    got += [m(x[:, 5:7], cache=cache), m(x[:, 7:], cache=cache)]
+    assert_close(torch.cat(got, dim=1), torch.cat(want, dim=1))
+
+
+def test_a_causal_lm_whose_later_layer_fails_leaves_every_cache_as_it_was():
+    config = LMConfig(vocab_size=50, dim=C, num_layers=2, num_heads=H, num_kv_heads=HKV,
+                      position="rope", sliding_window=3, full_attention_layers=(1,))  # fmt: skip
+    lm = CausalLM(config).double().eval()
+    ids = torch.randint(0, 50, (B, 8))
+    want = lm(ids)
+    caches = lm.make_caches(B)
+    first = lm(ids[:, :6], caches=caches)
+    # documents the window layer (3 keys) takes and the full layer (7 keys) refuses
+    with pytest.raises(ValueError, match="documents"):
+        lm(ids[:, 6:7], caches=caches, documents=torch.zeros(B, 3, dtype=torch.long))
+    assert [c.length for c in caches] == [6, 6]
+    rest = lm(ids[:, 6:], caches=caches)
+    assert_close(torch.cat([first, rest], dim=1), want)
+
+
 def test_large_module_call_runs_tiled_and_matches_dense():
     m = MultiHeadAttention(32, 4).eval()
     x = torch.randn(1, 1100, 32, requires_grad=True)

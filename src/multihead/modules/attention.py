@@ -290,38 +290,48 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         else:
             cross_cache = cache is not None and cache.cross
             x = batch_inputs(self, query, key, value, key_mask, cross_cache)
-        q, keys = self._queries_and_keys(x, cache, causal, positions, hooks)
-        if keys.key_slots is not None and structured:
-            raise ValueError(
-                "window=, documents=, prefix= and mask_mod= need keys in position order; this "
-                "StaticKVCache keeps them in slots (give the cache its window= instead)"
+        # A KVCache appends this call's keys before the checks that need its keys (mask shape,
+        # structure): a failed check undoes the append, so a corrected retry attends to them
+        # once, not twice.
+        checkpoint = cache.checkpoint() if isinstance(cache, KVCache) else None
+        try:
+            q, keys = self._queries_and_keys(x, cache, causal, positions, hooks)
+            if keys.key_slots is not None and structured:
+                raise ValueError(
+                    "window=, documents=, prefix= and mask_mod= need keys in position order; this "
+                    "StaticKVCache keeps them in slots (give the cache its window= instead)"
+                )
+            if keys.dropped and structured:  # a window cache: its first key is not token 0
+                documents, prefix, mask_mod = structure_after_dropped_keys(
+                    documents, prefix, mask_mod, keys.dropped, keys.k.shape[2]
+                )
+            B, H, Tq, _ = q.shape
+            if mask is not None:  # the user's mask, checked (as every mask is) before combining
+                mask = check_mask(mask, (B, H, Tq, keys.k.shape[2]), q.device)
+            if keys.key_mask is not None or keys.mask is not None:
+                key_mask_4d = None if keys.key_mask is None else keys.key_mask[:, None, None, :]
+                mask = combine(mask, keys.mask, key_mask_4d)  # (B, Tk) -> (B, 1, 1, Tk)
+            call = make_call(
+                q,
+                keys.k,
+                keys.v,
+                mask=mask,
+                bias=None if self.position is None else position_bias(self.position, Tq, keys),
+                causal=keys.causal,
+                dropout_p=self.dropout if self.training else 0.0,
+                return_weights=return_weights,
+                window=narrowest(window, keys.window),
+                documents=documents,
+                prefix=prefix,
+                mask_mod=mask_mod,
+                block_size=block_size,
+                qkv_checked=True,  # shaped here from checked inputs
             )
-        if keys.dropped and structured:  # a window cache: its first key is not token 0
-            documents, prefix, mask_mod = structure_after_dropped_keys(
-                documents, prefix, mask_mod, keys.dropped, keys.k.shape[2]
-            )
-        B, H, Tq, _ = q.shape
-        if mask is not None:  # the user's mask, checked (as every mask is) before it is combined
-            mask = check_mask(mask, (B, H, Tq, keys.k.shape[2]), q.device)
-        if keys.key_mask is not None or keys.mask is not None:
-            key_mask_4d = None if keys.key_mask is None else keys.key_mask[:, None, None, :]
-            mask = combine(mask, keys.mask, key_mask_4d)  # (B, Tk) -> (B, 1, 1, Tk)
-        call = make_call(
-            q,
-            keys.k,
-            keys.v,
-            mask=mask,
-            bias=None if self.position is None else position_bias(self.position, Tq, keys),
-            causal=keys.causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=return_weights,
-            window=narrowest(window, keys.window),
-            documents=documents,
-            prefix=prefix,
-            mask_mod=mask_mod,
-            block_size=block_size,
-            qkv_checked=True,  # shaped here from checked inputs
-        )
+        except (ValueError, TypeError):
+            if checkpoint is not None:
+                assert isinstance(cache, KVCache)
+                cache.rollback(checkpoint, cache.length - checkpoint[0])
+            raise
         out, weights = dispatch(call) if hooks is None else attend(call, hooks)
         y = self._output(out, hooks)
         if x.unbatched:

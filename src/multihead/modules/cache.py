@@ -148,6 +148,24 @@ class KVCache(_SelfAttentionCache):
             self._v: Tensor | None = None
             self._mask: Tensor | None = None  # (B, stored), True = a real key
 
+    def checkpoint(self) -> tuple:
+        """The cache's state before an append, for `rollback` (references only: no copy)."""
+        return (self.length, self._stored, self._padded, self._k, self._v, self._mask)
+
+    def rollback(self, checkpoint: tuple, appended: int) -> None:
+        """Undo the append of `appended` tokens made since `checkpoint`: a call that appended
+        its keys and then failed its checks leaves the cache as it was, so a retry does not
+        attend to its keys twice. A dynamic cache gets its old tensors back (appending made
+        new ones). A preallocated one wrote past what it held, which becomes unused again; if
+        it slid its window to the front to make room, the slid keys (the last window - 1) stay
+        as all it holds: exactly what the next call would have kept of the old ones."""
+        length, stored, padded, k, v, mask = checkpoint
+        if self.max_length is None:
+            self._k, self._v, self._mask, self._stored = k, v, mask, stored
+        else:
+            self._stored -= appended
+        self.length, self._padded = length, padded
+
     def _allocate(self, room: int, device) -> None:
         B, H = self.batch_size, self.num_kv_heads
         self._k = torch.zeros(B, H, room, self.head_dim, dtype=self.dtype, device=device)

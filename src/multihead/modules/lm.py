@@ -313,23 +313,31 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
                 pos = hooks("hook_pos_embed", pos.expand(B, T, pos.shape[-1]))
             x = x + pos
         x = self.drop(x)
-        for i, layer in enumerate(self.layers):
-            # The layer's window reaches attention as structure (no (T, T) mask); a cache
-            # applies its own window.
-            layer_window = window
-            if layer_window is None and caches is None:
-                layer_window = self.config.window(i)
-            x = layer(
-                x,
-                key_mask=key_mask,
-                cache=None if caches is None else caches[i],
-                positions=positions if self.config.position == "rope" else None,
-                window=layer_window,
-                documents=documents,
-                prefix=prefix,
-                mask_mod=mask_mod,
-                block_size=block_size,
-            )
+        # A layer whose checks fail undoes its cache's append (MultiHeadAttention.forward); the
+        # layers before it had appended theirs: undone here, so the caches stay in step.
+        checkpoints = [(c, c.checkpoint()) for c in (caches or ()) if isinstance(c, KVCache)]
+        try:
+            for i, layer in enumerate(self.layers):
+                # The layer's window reaches attention as structure (no (T, T) mask); a cache
+                # applies its own window.
+                layer_window = window
+                if layer_window is None and caches is None:
+                    layer_window = self.config.window(i)
+                x = layer(
+                    x,
+                    key_mask=key_mask,
+                    cache=None if caches is None else caches[i],
+                    positions=positions if self.config.position == "rope" else None,
+                    window=layer_window,
+                    documents=documents,
+                    prefix=prefix,
+                    mask_mod=mask_mod,
+                    block_size=block_size,
+                )
+        except (ValueError, TypeError):
+            for cache, checkpoint in checkpoints:
+                cache.rollback(checkpoint, cache.length - checkpoint[0])
+            raise
         if last_only:
             x = x[:, -1:]
         return self.norm_f(x)
