@@ -77,3 +77,20 @@ def check(rank: int, world: int) -> None:
 def test_ring_window_and_documents_match_single_process(world):
     random.seed(world)
     run_world(check, world)
+
+
+def check_mixed_id_dtypes(rank: int, world: int) -> None:
+    # Ranks may hold the same ids in different integer dtypes (each is accepted alone): the
+    # ring once sized each rank's receive buffer by its own dtype, which aborted gloo on one
+    # rank and read half-filled buffers as ids on the other.
+    case = dict(causal=True, window=None, documents=True, layout="contiguous", key_mask=False)
+    q, k, v, _, docs, _ = inputs(case, 0)
+    want = attention(q, k, v, causal=True, documents=docs, backend="eager")
+    mine = [shard_sequence(t, world, rank, dim=2) for t in (q, k, v)]
+    ids = shard_sequence(docs, world, rank, dim=1).to(torch.int32 if rank == 0 else torch.int64)
+    got = ring_attention(*mine, causal=True, block_size=2, documents=ids)
+    assert_close(got, shard_sequence(want, world, rank, dim=2))
+
+
+def test_ranks_may_hold_ids_of_different_integer_dtypes():
+    run_world(check_mixed_id_dtypes, 2)

@@ -86,6 +86,11 @@ def ring_attention(
         window=window, documents=documents,
         timeout=timeout,
     )  # fmt: skip
+    if documents is not None:
+        # (validated integer ids) one dtype on every rank: each rank sizes its receive buffer
+        # by its own ids' dtype, so int32 ids meeting int64 ones aborted gloo on one rank and
+        # read half-filled buffers as ids on the other
+        documents = documents.long()
     return _RingAttention.apply(q, k, v, key_mask, documents, setup)
 
 

@@ -95,7 +95,8 @@ class RingRunner:
         if given:
             raise ValueError(
                 f"{', '.join(given)} cannot be used under sequence parallelism: each rank holds a "
-                "chunk of one sequence and attends over the ring (use key_mask and causal; "
+                "chunk of one sequence and attends over the ring (use key_mask, causal, window "
+                "and documents; "
                 "weights (T x T) are never built)"
             )
         hooks = hooks_for(module)
