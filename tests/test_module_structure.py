@@ -3,6 +3,7 @@
 argument."""
 
 import itertools
+import sys
 
 import numpy as np
 import pytest
@@ -139,62 +140,40 @@ def test_a_causal_lm_with_window_layers_decodes_structure_as_its_full_forward():
     assert_close(torch.cat(steps, dim=1), full)
 
 
-def test_structure_past_a_window_cache_names_the_tokens_so_far():
-    m = module(causal=True)
-
-    def cache_after_six():  # 6 tokens seen; the next call gets 3 keys, 4 tokens dropped
-        cache = KVCache(B, HKV, C // H, window=3, dtype=torch.float64)
-        m(torch.randn(B, 6, C, dtype=torch.float64), cache=cache)
-        return cache
-
-    x = torch.randn(B, 1, C, dtype=torch.float64)
-    with pytest.raises(
-        ValueError, match=r"documents must cover every token so far: shape \(2, 7\)"
-    ):
-        m(x, cache=cache_after_six(), documents=torch.zeros(B, 5, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"prefix must be in 0 .. 7 \(the tokens so far\), got 8"):
-        m(x, cache=cache_after_six(), prefix=8)
-
-
 @pytest.mark.parametrize(
-    "cache_args", [{}, {"max_length": T}, {"window": 3}, {"window": 3, "max_length": T}]
-)
-def test_a_call_that_fails_its_checks_leaves_the_cache_as_it_was(cache_args):
-    # The cache appends a call's keys before the checks that need them (mask shape,
-    # structure); a failed check undoes it, so the corrected retry attends to them once.
-    # (The preallocated window cache, room 6, slides its window to the front on that call.)
+    ("bad", "match"),
+    [
+        ({"documents": torch.zeros(B, 5, dtype=torch.long)}, r"documents must cover every token so far: shape \(2, 7\)"),
+        # (the 3 kept keys' length: refused too, one shape means one thing)
+        ({"documents": torch.zeros(B, 3, dtype=torch.long)}, r"documents must cover every token so far"),
+        ({"prefix": 8}, r"prefix must be in 0 .. 7 \(the tokens so far\), got 8"),
+        ({"prefix": torch.tensor([-1, 2])}, r"prefix must be in 0 .. 7 \(the tokens so far\), got values -1 .. 2"),
+        ({"prefix": torch.tensor([99, 2])}, r"prefix must be in 0 .. 7 .*got values 2 .. 99"),
+    ],
+)  # fmt: skip
+def test_structure_past_a_window_cache_names_the_tokens_so_far(bad, match):
+    m = module(causal=True)
+    cache = KVCache(B, HKV, C // H, window=3, dtype=torch.float64)
+    m(torch.randn(B, 6, C, dtype=torch.float64), cache=cache)  # next call: 3 keys, 4 dropped
+    with pytest.raises(ValueError, match=match):
+        m(torch.randn(B, 1, C, dtype=torch.float64), cache=cache, **bad)
+    assert cache.length == 6  # (and the failed call left the cache as it was)
+
+
+def test_caches_take_numpy_and_unbounded_windows_as_attention_does():
     m = module(causal=True)
     x = torch.randn(B, T, C, dtype=torch.float64)
-    reference = KVCache(B, HKV, C // H, dtype=torch.float64, **cache_args)
-    cache = KVCache(B, HKV, C // H, dtype=torch.float64, **cache_args)
-    want = [m(x[:, a:b], cache=reference) for a, b in [(0, 5), (5, 7), (7, T)]]
-    got = [m(x[:, :5], cache=cache)]
-    for bad in [
-        {"mask": torch.ones(B, 1, 1, 99, dtype=torch.bool)},
-        {"documents": torch.zeros(B, 99, dtype=torch.long)},
-        {"prefix": 99},
-    ]:
-        with pytest.raises(ValueError):
-            m(x[:, 5:7], cache=cache, **bad)
-        assert cache.length == 5
-    got += [m(x[:, 5:7], cache=cache), m(x[:, 7:], cache=cache)]
-    assert_close(torch.cat(got, dim=1), torch.cat(want, dim=1))
-
-
-def test_a_causal_lm_whose_later_layer_fails_leaves_every_cache_as_it_was():
-    config = LMConfig(vocab_size=50, dim=C, num_layers=2, num_heads=H, num_kv_heads=HKV,
-                      position="rope", sliding_window=3, full_attention_layers=(1,))  # fmt: skip
-    lm = CausalLM(config).double().eval()
-    ids = torch.randint(0, 50, (B, 8))
-    want = lm(ids)
-    caches = lm.make_caches(B)
-    first = lm(ids[:, :6], caches=caches)
-    # documents the window layer (3 keys) takes and the full layer (7 keys) refuses
-    with pytest.raises(ValueError, match="documents"):
-        lm(ids[:, 6:7], caches=caches, documents=torch.zeros(B, 3, dtype=torch.long))
-    assert [c.length for c in caches] == [6, 6]
-    rest = lm(ids[:, 6:], caches=caches)
-    assert_close(torch.cat([first, rest], dim=1), want)
+    for window, full in [(np.int64(4), m(x, window=4)), (sys.maxsize, m(x)), (10**30, m(x))]:
+        for cache in (
+            KVCache(B, HKV, C // H, window=window, dtype=torch.float64),
+            KVCache(B, HKV, C // H, window=window, max_length=T, dtype=torch.float64),
+            StaticKVCache(B, HKV, C // H, T, window=window, dtype=torch.float64),
+        ):
+            steps = [m(x[:, :5], cache=cache)] + [
+                m(x[:, t : t + 1], cache=cache) for t in range(5, T)
+            ]
+            assert_close(torch.cat(steps, dim=1), full)
+    assert torch.equal(masks.sliding_window(5, 5, np.int32(3)), masks.sliding_window(5, 5, 3))
 
 
 def test_large_module_call_runs_tiled_and_matches_dense():

@@ -9,6 +9,7 @@ Shapes: attention masks broadcast to (B, H, Tq, Tk); key masks are (B, Tk), True
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal
 
 import torch
@@ -63,9 +64,10 @@ def sliding_window(
     tk = tq if tk is None else tk
     _check_length("tq", tq)
     _check_length("tk", tk)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
         raise ValueError(f"window must be a positive int, got {window!r}")
-    window = min(window, tq + tk)  # (wider restricts nothing; keeps `dist < window` in int64)
+    # (wider restricts nothing; capped, `dist < window` stays in int64; numpy ints too)
+    window = min(int(window), tq + tk)
     pos = torch.arange(tq, device=device)[:, None] + _offset(tq, tk, align)  # (Tq, 1)
     keys = torch.arange(tk, device=device)[None, :]  # (1, Tk)
     dist = pos - keys

@@ -35,7 +35,7 @@ from .attention_inputs import (
 )
 from .attention_packed import forward_packed, refuse_with_lengths
 from .attention_positions import position_bias, rotate_by_position
-from .cache import CrossKVCache, KeySet, KVCache
+from .cache import CrossKVCache, KeySet, KVCache, checkpoints, roll_back
 from .projections import (
     PackedWeights,
     heads_first,
@@ -45,6 +45,7 @@ from .projections import (
     project_packed,
     split_fused,
 )
+from .static_cache import StaticKVCache
 from .weights import AttentionWeights
 
 
@@ -53,6 +54,12 @@ def _sub(module: nn.Module, name: str) -> nn.Module:
     lookup, a tenth of the module's own time per call at small shapes)."""
     # (registered, so never None; a type: ignore, not typing.cast: cast is a call per lookup)
     return module._modules[name]  # type: ignore[return-value]
+
+
+SLOTS_REFUSE_STRUCTURE = (
+    "window=, documents=, prefix= and mask_mod= need keys in position order; this "
+    "StaticKVCache keeps them in slots (give the cache its window= instead)"
+)
 
 
 def _structure(window, documents, prefix, mask_mod, block_size) -> dict:
@@ -290,17 +297,20 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         else:
             cross_cache = cache is not None and cache.cross
             x = batch_inputs(self, query, key, value, key_mask, cross_cache)
-        # A KVCache appends this call's keys before the checks that need its keys (mask shape,
-        # structure): a failed check undoes the append, so a corrected retry attends to them
-        # once, not twice.
-        checkpoint = cache.checkpoint() if isinstance(cache, KVCache) else None
+        if isinstance(cache, StaticKVCache):  # (it cannot undo its writes: check first)
+            if structured:
+                raise ValueError(SLOTS_REFUSE_STRUCTURE)
+            if mask is not None:
+                B, Tq = x.query.shape[0], x.query.shape[1]
+                check_mask(mask, (B, self.num_heads, Tq, cache.room), x.query.device)
+        # A KVCache appends this call's keys (a CrossKVCache takes the memory) before the checks
+        # that need them (mask shape, structure, the mask_mod's result): a failure undoes that,
+        # so a corrected retry attends to them once, not twice.
+        points = checkpoints(cache)
         try:
             q, keys = self._queries_and_keys(x, cache, causal, positions, hooks)
             if keys.key_slots is not None and structured:
-                raise ValueError(
-                    "window=, documents=, prefix= and mask_mod= need keys in position order; this "
-                    "StaticKVCache keeps them in slots (give the cache its window= instead)"
-                )
+                raise ValueError(SLOTS_REFUSE_STRUCTURE)
             if keys.dropped and structured:  # a window cache: its first key is not token 0
                 documents, prefix, mask_mod = structure_after_dropped_keys(
                     documents, prefix, mask_mod, keys.dropped, keys.k.shape[2]
@@ -327,12 +337,10 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 block_size=block_size,
                 qkv_checked=True,  # shaped here from checked inputs
             )
+            out, weights = dispatch(call) if hooks is None else attend(call, hooks)
         except (ValueError, TypeError):
-            if checkpoint is not None:
-                assert isinstance(cache, KVCache)
-                cache.rollback(checkpoint, cache.length - checkpoint[0])
+            roll_back(points)
             raise
-        out, weights = dispatch(call) if hooks is None else attend(call, hooks)
         y = self._output(out, hooks)
         if x.unbatched:
             y = y[0]

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..functional.mask_mod import MaskMod
-from ..value_checks import check_non_negative
+from ..value_checks import check_non_negative, may_read
 
 
 class Inputs(NamedTuple):
@@ -171,24 +171,30 @@ def structure_after_dropped_keys(
     `dropped` tokens (a window cache), moved from token positions (what the caller counts:
     documents (B, dropped + Tk) cover every token so far, a prefix of P tokens, mask_mod's
     q_idx / kv_idx) to positions among the Tk keys handed out (what attention counts).
-    Anything malformed passes through unchanged, for make_call to name."""
+    Ranges are checked here, against the tokens so far; dtypes and devices by make_call."""
     total = dropped + tk
     if isinstance(documents, Tensor) and documents.dim() == 2:
-        if documents.shape[1] == total:
-            documents = documents[:, dropped:]
-        elif documents.shape[1] != tk:
+        if documents.shape[1] != total:
             raise ValueError(
                 f"documents must cover every token so far: shape ({documents.shape[0]}, "
                 f"{total}) ({dropped} earlier tokens the window cache dropped, {tk} keys), "
                 f"got {tuple(documents.shape)}"
             )
-    if isinstance(prefix, int) and not isinstance(prefix, bool) and prefix >= 0:
-        if prefix > total:
+        documents = documents[:, dropped:]
+    if isinstance(prefix, int) and not isinstance(prefix, bool):
+        if not 0 <= prefix <= total:
             raise ValueError(f"prefix must be in 0 .. {total} (the tokens so far), got {prefix}")
         prefix = max(prefix - dropped, 0)
     elif isinstance(prefix, Tensor) and not (
         prefix.is_floating_point() or prefix.dtype == torch.bool
     ):
+        if may_read(prefix):
+            low, high = (int(x) for x in torch.aminmax(prefix))
+            if low < 0 or high > total:
+                raise ValueError(
+                    f"prefix must be in 0 .. {total} (the tokens so far), got values "
+                    f"{low} .. {high}"
+                )
         prefix = (prefix - dropped).clamp(min=0)
     if mask_mod is not None and callable(mask_mod):
         user = mask_mod

@@ -27,7 +27,7 @@ from ..functional.varlen import VarLen
 from ..hook_points import ModuleHooks, hooks_for
 from ..positional.scheme import PositionScheme
 from .attention import MultiHeadAttention
-from .cache import CrossKVCache, KVCache
+from .cache import CrossKVCache, KVCache, checkpoints, roll_back
 from .feedforward import FeedForward, SwiGLU
 from .norm import make_norm
 from .split_inputs import SPLIT_INPUT_POINTS, split_inputs, wants_split_inputs
@@ -220,6 +220,7 @@ class TransformerBlock(nn.Module):
             mask_mod=mask_mod,
             block_size=block_size,
         )
+        points = checkpoints(cache, cross_cache)  # (each attention undoes its own on failure)
         if hooks is not None and wants_split_inputs(hooks):
             if lengths is not None:
                 raise ValueError(
@@ -242,31 +243,35 @@ class TransformerBlock(nn.Module):
                 lengths=lengths,
                 **structure,
             )
-        if return_weights:
-            a, weights = a
-        x = self._add(x, self.dropout(a), self.norm1, hooks, "hook_attn_out", "hook_resid_mid")
-        if self.cross_attn is not None:
-            if memory is None and (cross_cache is None or not cross_cache.filled):
-                raise ValueError("this block has cross-attention: pass memory (B, S, C)")
-            c = self.cross_attn(
-                self.norm_cross(x) if self.norm_first else x,
-                memory,
-                key_mask=memory_key_mask,
-                cache=cross_cache,
-            )
-            x = self._add(
-                x,
-                self.dropout(c),
-                self.norm_cross,
-                hooks,
-                "hook_cross_attn_out",
-                "hook_resid_mid_cross",
-            )
-        if self.ffn is not None and self.norm2 is not None:
-            m = self.dropout(self.ffn(self.norm2(x) if self.norm_first else x))
-            x = self._add(x, m, self.norm2, hooks, "hook_mlp_out", "hook_resid_post")
-        elif hooks is not None:  # attention-only: the stream passes on unchanged
-            x = hooks("hook_resid_post", x)
+        try:  # (self-attention appended to its cache: a failure below undoes that)
+            if return_weights:
+                a, weights = a
+            x = self._add(x, self.dropout(a), self.norm1, hooks, "hook_attn_out", "hook_resid_mid")
+            if self.cross_attn is not None:
+                if memory is None and (cross_cache is None or not cross_cache.filled):
+                    raise ValueError("this block has cross-attention: pass memory (B, S, C)")
+                c = self.cross_attn(
+                    self.norm_cross(x) if self.norm_first else x,
+                    memory,
+                    key_mask=memory_key_mask,
+                    cache=cross_cache,
+                )
+                x = self._add(
+                    x,
+                    self.dropout(c),
+                    self.norm_cross,
+                    hooks,
+                    "hook_cross_attn_out",
+                    "hook_resid_mid_cross",
+                )
+            if self.ffn is not None and self.norm2 is not None:
+                m = self.dropout(self.ffn(self.norm2(x) if self.norm_first else x))
+                x = self._add(x, m, self.norm2, hooks, "hook_mlp_out", "hook_resid_post")
+            elif hooks is not None:  # attention-only: the stream passes on unchanged
+                x = hooks("hook_resid_post", x)
+        except (ValueError, TypeError):
+            roll_back(points)
+            raise
         return (x, weights) if return_weights else x
 
     def _add(

@@ -15,11 +15,14 @@ A cache serves one attention module: it refuses a second one (`caches=[cache] * 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from ..functional.structure import WINDOW_CAP
 
 
 class KeySet(NamedTuple):
@@ -49,12 +52,21 @@ class KeySet(NamedTuple):
     dropped: int = 0  # tokens before keys[0] no longer held (the first key's position)
 
 
-def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
+def _positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
+    """value as an int (numpy integers too), checked positive; None where optional."""
     if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         kind = "a positive int or None" if optional else "a positive int"
         raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return int(value)
+
+
+def _window(value: object) -> int | None:
+    """A cache's window: a positive int or None, capped as `attention(window=)` caps it (wider
+    restricts no sequence; uncapped, sys.maxsize overflowed int64 position arithmetic)."""
+    window = _positive_int("window", value, optional=True)
+    return None if window is None else min(window, WINDOW_CAP)
 
 
 class _OneModule:
@@ -126,8 +138,8 @@ class KVCache(_SelfAttentionCache):
         device=None,
     ) -> None:
         self._set_layout(batch_size, num_kv_heads, head_dim, value_dim, dtype)
-        _positive_int("max_length", max_length, optional=True)
-        _positive_int("window", window, optional=True)
+        max_length = _positive_int("max_length", max_length, optional=True)
+        window = _window(window)
         self.max_length, self.window = max_length, window
         self.device = torch.device(device) if device is not None else None
         self.reset()
@@ -150,21 +162,21 @@ class KVCache(_SelfAttentionCache):
 
     def checkpoint(self) -> tuple:
         """The cache's state before an append, for `rollback` (references only: no copy)."""
-        return (self.length, self._stored, self._padded, self._k, self._v, self._mask)
+        return (self.length, self._stored, self._padded, self._k, self._v, self._mask, self._owner)
 
-    def rollback(self, checkpoint: tuple, appended: int) -> None:
-        """Undo the append of `appended` tokens made since `checkpoint`: a call that appended
-        its keys and then failed its checks leaves the cache as it was, so a retry does not
-        attend to its keys twice. A dynamic cache gets its old tensors back (appending made
-        new ones). A preallocated one wrote past what it held, which becomes unused again; if
-        it slid its window to the front to make room, the slid keys (the last window - 1) stay
-        as all it holds: exactly what the next call would have kept of the old ones."""
-        length, stored, padded, k, v, mask = checkpoint
+    def rollback(self, checkpoint: tuple) -> None:
+        """Undo what was appended since `checkpoint`: a call that appended its keys and then
+        failed leaves the cache as it was, so a retry does not attend to its keys twice. A
+        dynamic cache gets its old tensors back (appending made new ones). A preallocated one
+        wrote past what it held, which becomes unused again; if it slid its window to the
+        front to make room, the slid keys (the last window - 1) stay as all it holds: exactly
+        what the next call would have kept of the old ones."""
+        length, stored, padded, k, v, mask, owner = checkpoint
         if self.max_length is None:
             self._k, self._v, self._mask, self._stored = k, v, mask, stored
         else:
-            self._stored -= appended
-        self.length, self._padded = length, padded
+            self._stored -= self.length - length
+        self.length, self._padded, self._owner = length, padded, owner
 
     def _allocate(self, room: int, device) -> None:
         B, H = self.batch_size, self.num_kv_heads
@@ -344,6 +356,15 @@ class CrossKVCache(_OneModule):
     def filled(self) -> bool:
         return self.k is not None
 
+    def checkpoint(self) -> tuple:
+        """The cache's state before a call, for `rollback` (references only)."""
+        return (self.k, self.v, self.key_mask, self._source, self._owner)
+
+    def rollback(self, checkpoint: tuple) -> None:
+        """As before the call: a failed first call leaves the cache empty, not holding the
+        memory (and key mask) it was given."""
+        self.k, self.v, self.key_mask, self._source, self._owner = checkpoint
+
     def memory_for(
         self,
         module: object,
@@ -366,6 +387,19 @@ class CrossKVCache(_OneModule):
         assert self.v is not None
         mask = self.key_mask if key_mask is None else key_mask
         return KeySet(self.k, self.v, mask, None, False, 0)
+
+
+def checkpoints(*caches: object) -> list[tuple]:
+    """(cache, checkpoint) of each cache that can undo a call (KVCache, CrossKVCache; a
+    StaticKVCache's checks all run before it writes), for `roll_back`."""
+    return [(c, c.checkpoint()) for c in caches if isinstance(c, (KVCache, CrossKVCache))]
+
+
+def roll_back(points: list[tuple]) -> None:
+    """Every cache in `points` as it was at its checkpoint (a call that failed its checks
+    after caches took its keys: a corrected retry must not attend to them twice)."""
+    for cache, point in reversed(points):
+        cache.rollback(point)
 
 
 def make_caches(num_layers: int, *args, **kwargs) -> list[KVCache]:

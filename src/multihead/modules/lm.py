@@ -21,7 +21,7 @@ from . import generation
 from .attention import MultiHeadAttention
 from .attention_inputs import check_positions
 from .block import TransformerBlock, make_blocks
-from .cache import KVCache
+from .cache import KVCache, checkpoints, roll_back
 from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
@@ -315,7 +315,7 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         x = self.drop(x)
         # A layer whose checks fail undoes its cache's append (MultiHeadAttention.forward); the
         # layers before it had appended theirs: undone here, so the caches stay in step.
-        checkpoints = [(c, c.checkpoint()) for c in (caches or ()) if isinstance(c, KVCache)]
+        points = checkpoints(*(caches or ()))
         try:
             for i, layer in enumerate(self.layers):
                 # The layer's window reaches attention as structure (no (T, T) mask); a cache
@@ -335,8 +335,7 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
                     block_size=block_size,
                 )
         except (ValueError, TypeError):
-            for cache, checkpoint in checkpoints:
-                cache.rollback(checkpoint, cache.length - checkpoint[0])
+            roll_back(points)
             raise
         if last_only:
             x = x[:, -1:]

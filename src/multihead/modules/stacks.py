@@ -13,7 +13,7 @@ from ..hook_points import hooks_for
 from ..positional import SinusoidalPositions
 from .attention import MultiHeadAttention
 from .block import make_blocks
-from .cache import CrossKVCache, KVCache
+from .cache import CrossKVCache, KVCache, checkpoints, roll_back
 from .init import init_weights
 from .norm import make_norm
 from .weights import ModelWeights
@@ -102,15 +102,22 @@ class Decoder(ModelWeights, nn.Module):
         caches: list[KVCache] | None = None,
         cross_caches: list[CrossKVCache] | None = None,
     ) -> Tensor:
-        for i, layer in enumerate(self.layers):
-            x = layer(
-                x,
-                key_mask=key_mask,
-                memory=memory,
-                memory_key_mask=memory_key_mask,
-                cache=None if caches is None else caches[i],
-                cross_cache=None if cross_caches is None else cross_caches[i],
-            )
+        # A layer that fails undoes its own caches' changes; the layers before it are undone
+        # here, so the caches stay in step for a corrected retry.
+        points = checkpoints(*(caches or ()), *(cross_caches or ()))
+        try:
+            for i, layer in enumerate(self.layers):
+                x = layer(
+                    x,
+                    key_mask=key_mask,
+                    memory=memory,
+                    memory_key_mask=memory_key_mask,
+                    cache=None if caches is None else caches[i],
+                    cross_cache=None if cross_caches is None else cross_caches[i],
+                )
+        except (ValueError, TypeError):
+            roll_back(points)
+            raise
         return _final_norm(self, x)
 
 

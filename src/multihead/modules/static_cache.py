@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..value_checks import values_readable
-from .cache import KeySet, _positive_int, _SelfAttentionCache
+from .cache import KeySet, _positive_int, _SelfAttentionCache, _window
 
 
 class StaticKVCache(_SelfAttentionCache):
@@ -46,9 +46,9 @@ class StaticKVCache(_SelfAttentionCache):
         device=None,
     ) -> None:
         self._set_layout(batch_size, num_kv_heads, head_dim, value_dim, dtype)
-        _positive_int("max_length", max_length)
-        _positive_int("window", window, optional=True)
-        _positive_int("chunk", chunk, optional=True)
+        max_length = _positive_int("max_length", max_length)  # type: ignore[assignment]
+        window = _window(window)
+        chunk = _positive_int("chunk", chunk, optional=True)
         self.max_length, self.window = max_length, window
         room = max_length
         if window is not None and chunk is not None:
