@@ -269,6 +269,8 @@ def test_bench_argument_problems(capsys, monkeypatch):
     # An argument no command takes points at the command's own help, not the top level's.
     fails(capsys, ["bench", "attention", "--mask", "window", "extra"],
           "unrecognized arguments: extra (see: multihead bench attention --help)")  # fmt: skip
+    fails(capsys, ["--bogus", "bench", "attention"],
+          "unrecognized arguments: --bogus (see: multihead --help)")  # fmt: skip
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     fails(capsys, ["bench", "embed"], "compares against sentence-transformers", "[bench]")
 

@@ -69,12 +69,22 @@ def _silence_stdout() -> None:
         pass
 
 
+def _help_for(parser, args, extra: list[str], argv: Sequence[str]) -> str:
+    """The prog whose --help covers an unrecognized argument: the command's when it comes
+    after the command's name, else the top level's (`multihead --bogus train ...`)."""
+    words = list(argv)
+    command = getattr(args, "_command0", None)
+    if command in words and extra[0] in words and words.index(extra[0]) > words.index(command):
+        return getattr(args, "_prog", parser.prog)
+    return parser.prog
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # (argparse would point at `multihead --help`, not the command's own)
-            prog = getattr(args, "_prog", parser.prog)
+            prog = _help_for(parser, args, extra, sys.argv[1:] if argv is None else argv)
             raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see: {prog} --help)")
         if not hasattr(args, "run"):
             parser.print_help()
