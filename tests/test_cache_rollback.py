@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from multihead import MultiHeadAttention
+from multihead.functional.backends import register_backend, unregister_backend
 from multihead.modules.block import TransformerBlock
 from multihead.modules.cache import CrossKVCache, KVCache
 from multihead.modules.lm import CausalLM, LMConfig
@@ -128,3 +129,23 @@ def test_a_block_whose_cross_attention_fails_undoes_its_self_attention_append():
     assert cache.length == 4
     got.append(block(x[:, 4:], memory=memory, cache=cache, cross_cache=cross))
     assert_close(torch.cat(got, dim=1), torch.cat(want, dim=1))
+
+
+@pytest.mark.parametrize("cache_args", [{}, {"max_length": T}])
+def test_the_plain_path_undoes_its_append_when_a_backend_refuses_at_run_time(cache_args):
+    # (a module's common call, no mask or structure, appends through its own short path)
+    def refusing(call):
+        raise ValueError("refused at run time")
+
+    m = module(causal=True)
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    cache = KVCache(B, HKV, C // H, dtype=torch.float64, **cache_args)
+    first = m(x[:, :5], cache=cache)
+    register_backend("refusing", refusing, priority=100)
+    try:
+        with pytest.raises(ValueError, match="refused at run time"):
+            m(x[:, 5:], cache=cache)
+    finally:
+        unregister_backend("refusing")
+    assert cache.length == 5
+    assert_close(torch.cat([first, m(x[:, 5:], cache=cache)], dim=1), m(x))

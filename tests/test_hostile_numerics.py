@@ -181,3 +181,33 @@ def test_nan_query_over_key_counts_matches_math(dtype):
             out = attention(q, k, v, causal=causal, backend="sdpa")
             nan_rows = out.isnan().any(-1)
             assert nan_rows[0, 1, 2] and nan_rows.sum() == 1, (tk, causal)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "auto", "eager"])
+@pytest.mark.parametrize(
+    ("tq", "tk", "causal", "hkv"),
+    [(1, 8, False, 3), (4, 8, False, 3), (8, 8, True, 3), (1, 15, False, 1), (6, 6, True, 1)],
+)
+def test_nan_in_every_key_a_row_sees_gives_nan_with_few_keys(backend, tq, tk, causal, hkv):
+    # torch's unmasked fused CPU kernel returns 0 for a row whose scores are all NaN when
+    # there are fewer than 16 keys (the math backend: NaN); the fix once covered NaN queries
+    # only. Here every key holds a NaN, in one kv head (GQA: the query heads reading it).
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, tq, D, generator=g)
+    k, v = (torch.randn(B, hkv, tk, D, generator=g) for _ in range(2))
+    k[1, 0, :, 3] = NAN
+    out = attention(q, k, v, causal=causal, backend=backend)
+    reads = torch.zeros(B, H, dtype=torch.bool)
+    reads[1, : H // hkv] = True  # the query heads of kv head 0, in batch row 1
+    assert out.isnan().all(-1).all(-1).eq(reads).all()
+    assert not out[~reads].isnan().any()
+
+
+def test_a_module_whose_keys_are_nan_gives_nan_at_every_length():
+    from multihead import MultiHeadAttention
+
+    m = MultiHeadAttention(32, 4).eval()
+    with torch.no_grad():
+        m.in_proj.bias[32:64] = NAN  # the key projection's rows
+    for T in (3, 20):
+        assert m(torch.randn(1, T, 32)).isnan().all()

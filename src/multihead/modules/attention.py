@@ -365,12 +365,19 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         # (B, T, C) -> q (B, H, T, D), k, v (B, Hkv, T, D)
         q, k, v = split_fused(linear(_sub(self, "in_proj"), query), (H, Hkv, Hkv))
         mask, window = None, None
-        if cache is not None:
-            k, v, mask, window = cache.append_plain(self, k, v)
-            if mask is not None:  # padding the cache remembers: (B, Tk) -> (B, 1, 1, Tk)
-                mask = mask[:, None, None, :]
         dropout_p = self.dropout if self.training else 0.0
-        out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
+        if cache is None:
+            out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
+        else:
+            point = cache.checkpoint()  # (a backend that refuses at run time: undo the append)
+            try:
+                k, v, mask, window = cache.append_plain(self, k, v)
+                if mask is not None:  # padding the cache remembers: (B, Tk) -> (B, 1, 1, Tk)
+                    mask = mask[:, None, None, :]
+                out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
+            except (ValueError, TypeError):
+                cache.rollback(point)
+                raise
         # (B, H, T, Dv) -> (B, T, H * Dv): free when the kernel wrote (B, T, H, Dv), as SDPA does
         return linear(_sub(self, "out_proj"), out.transpose(1, 2).reshape(B, T, H * out.shape[3]))
 

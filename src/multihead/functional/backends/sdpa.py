@@ -116,12 +116,30 @@ def _plain(
     # would guard a growing KV cache's length and recompile when it crosses the threshold.
     if q.is_cpu and (_is_compiling() or tk < NAN_QUIRK_KEYS):
         # torch's fused CPU kernel, unmasked and with fewer than 16 keys, returns 0 for a query
-        # row holding NaN (the math backend, and every other case, return NaN): add 0 * the
-        # row's max, NaN exactly when the row holds NaN (max propagates NaN, cannot overflow).
-        # No sync; detached, so the backward pass is the kernel's own. Shapes only decide it,
-        # so longer calls (where the kernel propagates NaN itself) pay nothing.
-        out = out + q.detach().amax(dim=-1, keepdim=True).to(out.dtype) * 0.0
+        # row whose scores are all NaN (a NaN query row; NaN in every key it sees), where the
+        # math backend, and every longer call, return NaN: add 0 * the row's and its keys'
+        # max, NaN exactly when they hold NaN (max propagates NaN, cannot overflow). No sync;
+        # detached, so the backward pass is the kernel's own. Shapes only decide it, so longer
+        # calls (where the kernel propagates NaN itself) pay nothing.
+        out = (
+            out
+            + (q.detach().amax(dim=-1, keepdim=True) + _keys_seen_max(q, k, causal)).to(out.dtype)
+            * 0.0
+        )
     return out
+
+
+def _keys_seen_max(q: Tensor, k: Tensor, causal: bool) -> Tensor:
+    """(B, H, Tq or 1, 1): the max over the keys each query row sees (NaN where one holds
+    NaN): all of them, or with the kernel's causality (Tq == Tk) keys 0 .. i for row i."""
+    seen = k.detach().amax(dim=-1)  # (B, Hkv, Tk)
+    # (B, Hkv, Tk) causal: cummax carries NaN on, as max does; else (B, Hkv, 1)
+    seen = torch.cummax(seen, dim=-1).values if causal else seen.amax(dim=-1, keepdim=True)
+    B, Hkv, R = seen.shape
+    H = q.shape[1]
+    # grouped-query heads: query head h reads kv head h // (H // Hkv)
+    seen = seen[:, :, None].expand(B, Hkv, H // Hkv, R).reshape(B, H, R)
+    return seen[..., None]
 
 
 def _chunk_rows(call: AttentionCall) -> int:
