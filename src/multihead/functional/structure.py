@@ -140,18 +140,26 @@ def check_structure(
             )
         if isinstance(prefix, Tensor):
             check_integer_ids("prefix", prefix, (batch,), device)
-            if may_read(prefix):
-                low, high = (int(x) for x in torch.aminmax(prefix))
-                if low < 0 or high > tk:
-                    raise ValueError(f"prefix must be in 0 .. T={tk}, got values {low} .. {high}")
+            check_prefix_range(prefix, tk, f"T={tk}")
         elif isinstance(prefix, int) and not isinstance(prefix, bool):
-            if not 0 <= prefix <= tk:
-                raise ValueError(f"prefix must be in 0 .. T={tk}, got {prefix}")
+            check_prefix_range(prefix, tk, f"T={tk}")
         else:
             raise TypeError(
                 f"prefix must be an int, a (B,) integer tensor or None, got {type(prefix).__name__}"
             )
     return Structure(win, documents, prefix)
+
+
+def check_prefix_range(prefix: int | Tensor, top: int, top_text: str) -> None:
+    """0 <= prefix <= top, for an int or a tensor's values (read only where that is free);
+    `top_text` names the bound in the message."""
+    if isinstance(prefix, Tensor):
+        if may_read(prefix):
+            low, high = (int(x) for x in torch.aminmax(prefix))
+            if low < 0 or high > top:
+                raise ValueError(f"prefix must be in 0 .. {top_text}, got values {low} .. {high}")
+    elif not 0 <= prefix <= top:
+        raise ValueError(f"prefix must be in 0 .. {top_text}, got {prefix}")
 
 
 def structure_mask(

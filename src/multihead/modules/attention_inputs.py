@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from ..functional.mask_mod import MaskMod
-from ..value_checks import check_non_negative, may_read
+from ..functional.structure import check_prefix_range
+from ..value_checks import check_non_negative
 
 
 class Inputs(NamedTuple):
@@ -182,21 +183,14 @@ def structure_after_dropped_keys(
             )
         documents = documents[:, dropped:]
     if isinstance(prefix, int) and not isinstance(prefix, bool):
-        if not 0 <= prefix <= total:
-            raise ValueError(f"prefix must be in 0 .. {total} (the tokens so far), got {prefix}")
+        check_prefix_range(prefix, total, f"{total} (the tokens so far)")
         prefix = max(prefix - dropped, 0)
     elif isinstance(prefix, Tensor) and not (
         prefix.is_floating_point() or prefix.dtype == torch.bool
     ):
-        if may_read(prefix):
-            low, high = (int(x) for x in torch.aminmax(prefix))
-            if low < 0 or high > total:
-                raise ValueError(
-                    f"prefix must be in 0 .. {total} (the tokens so far), got values "
-                    f"{low} .. {high}"
-                )
+        check_prefix_range(prefix, total, f"{total} (the tokens so far)")
         prefix = (prefix - dropped).clamp(min=0)
-    if mask_mod is not None and callable(mask_mod):
+    if callable(mask_mod):
         user = mask_mod
 
         def shifted(b, h, q_idx, kv_idx):  # (positions among the keys -> token positions)

@@ -121,11 +121,8 @@ def _plain(
         # max, NaN exactly when they hold NaN (max propagates NaN, cannot overflow). No sync;
         # detached, so the backward pass is the kernel's own. Shapes only decide it, so longer
         # calls (where the kernel propagates NaN itself) pay nothing.
-        out = (
-            out
-            + (q.detach().amax(dim=-1, keepdim=True) + _keys_seen_max(q, k, causal)).to(out.dtype)
-            * 0.0
-        )
+        seen = q.detach().amax(dim=-1, keepdim=True) + _keys_seen_max(q, k, causal)
+        out = out + seen.to(out.dtype) * 0.0
     return out
 
 
