@@ -93,7 +93,8 @@ def test_a_band_backward_in_several_kernel_calls_adds_up(monkeypatch, spy, per_c
     # query gradients across calls: one block, or three, per call gives the same gradients.
     from multihead.functional.backends import tile_band
 
-    monkeypatch.setattr(tile_band, "CHUNK_ELEMENTS", per_call * 2 * 4 * (W - 1 + 32) * D)
+    # (a call's elements: blocks x heads x band x D, per batch element)
+    monkeypatch.setattr(tile_band, "CHUNK_ELEMENTS", per_call * 4 * (W - 1 + 32) * D)
     q, k, v = qkv(2, 4, 2, T, torch.float64)
     out = attention(q, k, v, causal=True, window=W, backend="tiled")
     ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
@@ -179,6 +180,30 @@ def test_fast_path_backwards_read_strided_output_gradients(spy, layout, kind):
     assert spy[f"{kind}_backward"] == 1
     for a, b in zip(got, want, strict=True):
         assert_close(a, b, torch.float64)
+
+
+@pytest.mark.parametrize("hkv", [4, 2])
+@pytest.mark.parametrize("kind", ["band", "segments", "prefix", "tiles"])
+def test_projection_views_give_the_reference_and_a_tokens_first_output(spy, kind, hkv):
+    # A module's q, k, v: heads-first views of one (B, T, (H + 2 Hkv) D) projection. The
+    # fast paths read them in place (the band per batch element, blocks as the kernel's
+    # batch) and the output comes back stored (B, T, H, D), the rows out_proj reads.
+    T, H = 300, 4
+    base = torch.randn(2, T, (H + 2 * hkv) * D, dtype=torch.float64, requires_grad=True)
+    parts = base.split([H * D, hkv * D, hkv * D], dim=-1)
+    q, k, v = (p.unflatten(-1, (-1, D)).transpose(1, 2) for p in parts)
+    structure = STRIDED_CASES[kind]
+    args = (
+        {**structure, "documents": torch.tensor(STRIDED_IDS)}
+        if "documents" in structure
+        else structure
+    )
+    out = attention(q, k, v, causal=True, backend="tiled", **args)
+    assert (not any(spy.values())) if kind == "tiles" else spy[kind] == 1
+    if kind != "tiles":  # (the general plan copies its inputs and stores heads-first)
+        assert out.transpose(1, 2).is_contiguous()
+    ref, _ = reference_attention(q, k, v, mask=_pairwise_mask(kind))
+    check(out, ref, (base,), torch.float64)
 
 
 def test_a_window_with_a_key_mask_or_cross_lengths_takes_the_general_plan(spy):

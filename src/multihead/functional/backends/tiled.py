@@ -180,6 +180,16 @@ def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, q, 
     return allowed, _slice(bias, tile), False
 
 
+def _output_buffer(q: Tensor, dv: int, dtype) -> Tensor:
+    """(B, H, Tq, Dv), uninitialised, laid out as q is: a module's q is a (B, Tq, H, D)
+    projection seen heads-first, and an output stored (B, Tq, H, Dv) gives its out_proj the
+    (B, Tq, H Dv) rows it reads by a view (torch's own CPU kernel stores its output so)."""
+    B, H, tq, _ = q.shape
+    if H > 1 and tq > 1 and q.stride(1) < q.stride(2):
+        return torch.empty(B, tq, H, dv, dtype=dtype, device=q.device).transpose(1, 2)
+    return torch.empty(B, H, tq, dv, dtype=dtype, device=q.device)
+
+
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     rows, block, band, segments, prefix_p, structure, causal, scale, dropout = setup
     B, H, tq, _ = q.shape
@@ -187,7 +197,7 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     acc = accumulation_dtype(q.dtype)
     # Every row is written below (a fast path's, a plan row's first span, or zeros for a row
     # with nothing to attend), so the buffers start uninitialised.
-    out = torch.empty(B, H, tq, v.shape[3], dtype=acc, device=q.device)
+    out = _output_buffer(q, v.shape[3], acc)
     lse = torch.empty((B, H, tq), dtype=acc, device=q.device)
     fused = kernel_runs(q) and dropout is None
     if band is not None:
