@@ -35,6 +35,7 @@ from .attention_inputs import (
 )
 from .attention_packed import forward_packed, refuse_with_lengths
 from .attention_positions import position_bias, rotate_by_position
+from .blocked_projection import blocked_projection, blocked_projection_serves
 from .cache import CrossKVCache, KeySet, KVCache, checkpoints, roll_back
 from .projections import (
     PackedWeights,
@@ -308,7 +309,17 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         # so a corrected retry attends to them once, not twice.
         points = checkpoints(cache)
         try:
-            q, keys = self._queries_and_keys(x, cache, causal, positions, hooks)
+            # (structured self-attention that the tiled backend runs: q, k, v as blocks)
+            blocked = (
+                structured
+                and cache is None
+                and self.position is None
+                and positions is None
+                and x.self_attention
+                and self.packed
+                and blocked_projection_serves(_sub(self, "in_proj"), x.query)
+            )
+            q, keys = self._queries_and_keys(x, cache, causal, positions, hooks, blocked)
             if keys.key_slots is not None and structured:
                 raise ValueError(SLOTS_REFUSE_STRUCTURE)
             if keys.dropped and structured:  # a window cache: its first key is not token 0
@@ -389,9 +400,19 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
     def _packed(self) -> PackedWeights:
         return PackedWeights(self.in_proj.weight, self.in_proj.bias, self._run_in_proj)
 
-    def _project(self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool):
-        """Inputs -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D)."""
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, blocked=False
+    ):
+        """Inputs -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D). `blocked`: self-attention's
+        q, k, v as whole blocks of one buffer (`blocked_projection`), not column ranges."""
         H, Hkv = self.num_heads, self.num_kv_heads
+        if blocked:
+            D = self.in_proj.weight.shape[0] // (H + 2 * Hkv)
+            parts = blocked_projection(
+                query, self.in_proj.weight, self.in_proj.bias, (H * D, Hkv * D, Hkv * D)
+            )
+            q, k, v = (heads_first(p, n) for p, n in zip(parts, (H, Hkv, Hkv), strict=True))
+            return q, k, v
         if not self.packed:
             q, k, v = (
                 linear(self.q_proj, query),
@@ -429,6 +450,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         causal: bool,
         positions: Tensor | None,
         hooks: ModuleHooks | None,
+        blocked: bool = False,
     ) -> tuple[Tensor, KeySet]:
         if cache is not None and cache.cross:
             if positions is not None:
@@ -455,7 +477,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             key_mask = check_key_mask(key_mask, x.query.shape[0], source.shape[1], x.query.device)
         value = x.query if x.self_attention else x.value
         assert value is not None
-        q, k, v = self._project(x.query, source, value, x.self_attention)
+        q, k, v = self._project(x.query, source, value, x.self_attention, blocked)
         if hooks is not None:
             q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
         # (a cross cache was served above)

@@ -1,0 +1,127 @@
+"""q, k and v projected as whole blocks of one buffer (modules/blocked_projection.py), which a
+module's structured self-attention uses on CPU where the tiled backend runs: equal to the one
+fused F.linear and its gradients, taken only where it serves, and the module's results equal
+to the dense-mask path's (fp64) with the tiled backend writing the blocks' gradients in place."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from multihead import MultiHeadAttention
+from multihead.functional import masks
+from multihead.functional.backends import tile_packed, tiled
+from multihead.modules import attention as attention_module
+from multihead.modules.blocked_projection import blocked_projection, blocked_projection_serves
+
+from conftest import assert_close
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("widths", [(24, 24, 24), (32, 8, 8)])
+@pytest.mark.parametrize("wants", ["all", "x only", "weights only"])
+def test_blocks_equal_the_fused_linear_and_its_gradients(bias, widths, wants):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 16, dtype=torch.float64, generator=gen)
+    W = torch.randn(sum(widths), 16, dtype=torch.float64, generator=gen)
+    b = torch.randn(sum(widths), dtype=torch.float64, generator=gen) if bias else None
+    leaves = [t for t in (x, W, b) if t is not None]
+    x.requires_grad_(wants != "weights only")
+    for t in leaves[1:]:
+        t.requires_grad_(wants != "x only")
+    inputs = [t for t in leaves if t.requires_grad]
+    got = blocked_projection(x, W, b, widths)
+    want = F.linear(x, W, b).split(widths, dim=-1)
+    gs = [torch.randn(p.shape, dtype=torch.float64, generator=gen) for p in want]
+    for a, c in zip(got, want, strict=True):
+        assert_close(a, c, torch.float64)
+    # each block is a whole (B, T, w) run of one buffer
+    assert all(p._base is got[0]._base and p.is_contiguous() for p in got)
+    grad_got = torch.autograd.grad(got, inputs, gs)
+    grad_want = torch.autograd.grad(want, inputs, gs)
+    for a, c in zip(grad_got, grad_want, strict=True):
+        assert_close(a, c, torch.float64)
+
+
+def test_it_serves_structured_cpu_calls_long_enough_for_the_tiled_backend():
+    layer = torch.nn.Linear(16, 48)
+    long, short = torch.randn(1, 1024, 16), torch.randn(1, 1023, 16)
+    assert blocked_projection_serves(layer, long)
+    assert not blocked_projection_serves(layer, short)  # below the tiled backend's size
+    assert not blocked_projection_serves(layer, long.bfloat16())
+    assert not blocked_projection_serves(layer.double(), long)  # (dtypes differ)
+    layer.register_forward_hook(lambda *a: None)  # a hook on the layer: its own __call__ runs
+    assert not blocked_projection_serves(layer, long)
+
+
+@pytest.fixture
+def spies(monkeypatch):
+    """Counts blocked projections and records whether the tiled backend found q, k, v as
+    views covering one buffer (so it wrote their gradients in place)."""
+    seen = {"blocked": 0, "covers": []}
+    blocked = attention_module.blocked_projection
+    views = tile_packed.packed_views
+
+    def count(*args):
+        seen["blocked"] += 1
+        return blocked(*args)
+
+    def record(q, k, v):
+        found = views(q, k, v)
+        seen["covers"].append(found is not None and found.covers)
+        return found
+
+    monkeypatch.setattr(attention_module, "blocked_projection", count)
+    monkeypatch.setattr(tiled, "packed_views", record)
+    return seen
+
+
+def _documents(B, T):
+    ids = torch.zeros(B, T, dtype=torch.long)
+    ids[:, 300:] = 1
+    ids[1, 700:] = 2
+    return ids
+
+
+def _dense(kind, B, T):
+    causal = masks.causal(T)
+    if kind == "window":
+        return masks.sliding_window(T, T, 100)
+    if kind == "prefix":
+        mask = causal.clone()
+        mask[..., :250, :250] = True
+        return mask
+    ids = _documents(B, T)
+    return (ids[:, :, None] == ids[:, None, :])[:, None] & causal
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("kind", ["window", "documents", "prefix"])
+def test_module_structure_through_blocks_equals_the_dense_mask(spies, kind, kv_heads):
+    torch.manual_seed(0)
+    B, T = 2, 1024
+    m = MultiHeadAttention(32, 4, num_kv_heads=kv_heads, causal=True).double()
+    x = torch.randn(B, T, 32, dtype=torch.float64, requires_grad=True)
+    args = {"window": {"window": 100}, "prefix": {"prefix": 250}}.get(
+        kind, {"documents": _documents(B, T)}
+    )
+    out = m(x, **args)
+    assert spies["blocked"] == 1 and spies["covers"] == [True]
+    ref = m(x, mask=_dense(kind, B, T), causal=False)  # (the masks hold causality)
+    assert spies["blocked"] == 1  # (a dense mask keeps the one matmul)
+    assert_close(out, ref, torch.float64)
+    g = torch.randn_like(out)
+    params = [x, *m.parameters()]
+    for a, c in zip(
+        torch.autograd.grad(out, params, g), torch.autograd.grad(ref, params, g), strict=True
+    ):
+        assert_close(a, c, torch.float64)
+
+
+def test_calls_it_does_not_serve_keep_the_fused_matmul(spies):
+    m = MultiHeadAttention(32, 4, causal=True)
+    x = torch.randn(1, 1024, 32)
+    m(x)  # no structure
+    m(x[:, :512], window=64)  # too short for the tiled backend
+    with torch.no_grad():
+        m(x, window=64)  # (no gradient: blocks serve the forward alone too)
+    assert spies["blocked"] == 1
