@@ -325,3 +325,25 @@ def window_mask_both(T, W):
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
     return ((j - i).abs() < W)[None, None]
+
+
+@pytest.mark.parametrize("backend", ["tiled", "auto"])
+@pytest.mark.parametrize("kind", ["band", "segments", "prefix"])
+def test_values_wider_than_queries_take_the_plain_tiles(spy, kind, backend):
+    # torch's fused CPU kernel refuses a value width other than the query's ("Q/K/V should
+    # have the same head size"): such calls once raised from inside it on every fast path
+    T = 1030
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, 2, T, D, dtype=torch.float64, generator=gen) for _ in range(2))
+    v = torch.randn(1, 2, T, 2 * D, dtype=torch.float64, generator=gen)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    ids = torch.arange(T)[None] // 400
+    args, allowed = {
+        "band": ({"window": 64}, window_mask(T, 64)),
+        "segments": ({"documents": ids}, document_mask(ids, True)),
+        "prefix": ({"prefix": 70}, structure_mask_pairwise(1, T, T, causal=True, prefix=70)),
+    }[kind]
+    out = attention(q, k, v, causal=True, backend=backend, **args)
+    assert spy[kind] == 0
+    ref, _ = reference_attention(q, k, v, mask=allowed, causal=kind != "prefix")
+    check(out, ref, (q, k, v), torch.float64)

@@ -1,7 +1,9 @@
 """The tiled backend over q, k, v that are column views of one fused projection (a module's
 in_proj output): its autograd.Function takes the projection itself and writes the
 projection's gradient in one buffer (tile_packed.py). Gradients against the fp64 textbook
-reference and against the same call on separate tensors; which calls take that path."""
+reference and against the same call on separate tensors; which calls take that path: only
+calls that say their views are their own (`own_views`, a module's unhooked projections),
+never views a caller of attention() made, whose hooks autograd cannot show."""
 
 import pytest
 import torch
@@ -9,6 +11,8 @@ import torch
 from helpers_spies import count_calls
 from multihead import MultiHeadAttention, attention
 from multihead.functional.backends import tiled as tiled_backend
+from multihead.functional.call import make_call
+from multihead.interpret.hooks import run_with_hooks
 
 from conftest import assert_close
 from reference import reference_attention, structure_mask_pairwise
@@ -38,6 +42,12 @@ def fused(H, Hkv, extra=0, dtype=torch.float64):
     return x, q, k, v
 
 
+def own(q, k, v, **args):
+    """The tiled backend on q, k, v declared the caller's own views (as a module does)."""
+    call = make_call(q, k, v, causal=True, own_views=True, **args)
+    return tiled_backend.tiled_attention(call)[0]
+
+
 def views_like(x, *views):
     """The same views of another contiguous tensor of x's shape."""
     return tuple(x.as_strided(t.shape, t.stride(), t.storage_offset()) for t in views)
@@ -58,7 +68,7 @@ def test_column_views_of_one_tensor_get_its_gradient_in_one_buffer(
 ):
     x, q, k, v = fused(*heads, extra=extra)
     call_args, _ = KINDS[kind]
-    out = attention(q, k, v, causal=True, backend="tiled", **call_args)
+    out = own(q, k, v, **call_args)
     # (the general plan copies strided inputs whole first: no views are left to pack)
     assert packed_calls["packed"] == (kind != "general plan")
     x_ref = x.detach().clone().requires_grad_()
@@ -74,16 +84,16 @@ def test_column_views_of_one_tensor_get_its_gradient_in_one_buffer(
 
 def test_separate_tensors_and_no_gradient_take_the_plain_function(packed_calls):
     _, q, k, v = fused(4, 2)
-    attention(q.detach().clone(), k, v, causal=True, window=64, backend="tiled")
+    own(q.detach().clone(), k, v, window=64)
     with torch.no_grad():
-        attention(q, k, v, causal=True, window=64, backend="tiled")
+        own(q, k, v, window=64)
     assert packed_calls["packed"] == 0
 
 
 def test_overlapping_views_are_not_packed_and_their_gradients_add(packed_calls):
     x = torch.randn(B, T, 4 * D, dtype=torch.float64, requires_grad=True)
     qk = x.view(B, T, 4, D).transpose(1, 2)  # q and k the same view: gradients must add
-    out = attention(qk, qk, qk, causal=True, window=64, backend="tiled")
+    out = own(qk, qk, qk, window=64)
     assert packed_calls["packed"] == 0
     (got,) = torch.autograd.grad(out.sum(), x)
     x_ref = x.detach().clone().requires_grad_()
@@ -103,7 +113,7 @@ def test_views_taken_under_no_grad_pass_no_gradient_to_their_base(packed_calls):
     with torch.no_grad():
         q, k, v = base.view(B, T, 12, D).transpose(1, 2).split([4, 4, 4], dim=1)
     assert q.requires_grad and q.grad_fn is None
-    attention(q, k, v, causal=True, window=64, backend="tiled").sum().backward()
+    own(q, k, v, window=64).sum().backward()
     assert packed_calls["packed"] == 0
     assert x.grad is None
 
@@ -114,7 +124,7 @@ def test_views_that_are_observed_keep_their_own_gradients(packed_calls):
     q.retain_grad()
     seen = []
     k.register_hook(lambda g: seen.append(g.shape))
-    attention(q, k, v, causal=True, window=64, backend="tiled").sum().backward()
+    own(q, k, v, window=64).sum().backward()
     assert packed_calls["packed"] == 0
     assert q.grad is not None and q.grad.shape == q.shape
     assert seen == [k.shape]
@@ -145,3 +155,49 @@ def test_a_module_step_takes_the_packed_path_and_matches_the_dense_mask(packed_c
     assert_close(out, ref, torch.float64)
     for a, b in zip(got, want, strict=True):
         assert_close(a, b, torch.float64)
+
+
+def test_views_a_caller_made_keep_autograd_and_the_hooks_between(packed_calls):
+    """attention() on the caller's views: a tensor hook or retained gradient on a view
+    between the projection and q, k, v (which autograd cannot show) still gets its
+    gradient; the packed Function is not taken."""
+    x = torch.randn(B, T, 12 * D, dtype=torch.float64, requires_grad=True)
+    heads = x.view(B, T, 12, D)  # (a view q, k and v are taken of, observed)
+    heads.retain_grad()
+    seen = []
+    heads.register_hook(lambda g: seen.append(1))
+    q, k, v = heads.transpose(1, 2).split([4, 4, 4], dim=1)
+    out = attention(q, k, v, causal=True, window=64, backend="tiled")
+    g = torch.randn(out.shape, dtype=torch.float64)
+    out.backward(g)
+    assert packed_calls["packed"] == 0 and seen == [1]
+    x_ref = x.detach().clone().requires_grad_()
+    heads_ref = x_ref.view(B, T, 12, D)
+    heads_ref.retain_grad()
+    ref = reference(*heads_ref.transpose(1, 2).split([4, 4, 4], dim=1), "window")
+    ref.backward(g)
+    assert_close(heads.grad, heads_ref.grad, torch.float64)
+    assert_close(x.grad, x_ref.grad, torch.float64)
+
+
+@pytest.mark.parametrize("point", ["hook_q", "hook_k", "hook_v"])
+def test_a_hook_shown_q_k_or_v_keeps_its_retained_gradient(packed_calls, point):
+    """A hook on hook_q / hook_k / hook_v sees a view of the projection and may retain its
+    gradient: the module then does not let the backend write past the views."""
+    torch.manual_seed(0)
+    T = 1024
+    m = MultiHeadAttention(32, 4, causal=True).double()
+    x = torch.randn(1, T, 32, dtype=torch.float64)
+    shown = {}
+
+    def keep(activation, name):
+        activation.retain_grad()
+        shown[name] = activation
+
+    run_with_hooks(m, x, fwd_hooks=[(point, keep)], window=100).sum().backward()
+    assert packed_calls["packed"] == 0
+    got = shown[point].grad
+    dense = structure_mask_pairwise(1, T, T, causal=True, window=100)
+    run_with_hooks(m, x, fwd_hooks=[(point, keep)], mask=dense, causal=False).sum().backward()
+    assert got is not None
+    assert_close(got, shown[point].grad, torch.float64)

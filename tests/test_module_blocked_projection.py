@@ -125,3 +125,34 @@ def test_calls_it_does_not_serve_keep_the_fused_matmul(spies):
     with torch.no_grad():
         m(x, window=64)  # (no gradient: blocks serve the forward alone too)
     assert spies["blocked"] == 1
+
+
+@pytest.mark.parametrize("args", [{"window": 64}, {"prefix": 10}])
+def test_an_empty_batch_gives_an_empty_result(args):
+    m = MultiHeadAttention(16, 2, causal=True)
+    x = torch.randn(0, 1024, 16, requires_grad=True)
+    out = m(x, **args)
+    assert out.shape == (0, 1024, 16)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_a_parametrized_in_proj_runs_through_its_own_forward():
+    # (torch.nn.utils.parametrize moves the weight out of _parameters: the plain-layer test
+    # once raised KeyError on it)
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    torch.manual_seed(0)
+    m = MultiHeadAttention(16, 2, causal=True).double()
+    plain = MultiHeadAttention(16, 2, causal=True).double()
+    plain.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        plain.in_proj.weight.mul_(2)
+    parametrize.register_parametrization(m.in_proj, "weight", Doubled())
+    x = torch.randn(1, 1030, 16, dtype=torch.float64)
+    for args in ({}, {"window": 64}):
+        assert_close(m(x, **args), plain(x, **args), torch.float64)

@@ -46,6 +46,12 @@ class AttentionCall(NamedTuple):
     dropout_p: float
     return_weights: bool
     structure: Structure | None = None
+    # q, k, v are views of one projection that only their maker holds (a module's own, no
+    # hook shown them): a backend may write their gradients into that projection's buffer
+    # directly, past the views (the tiled backend does). Never set for views a caller made:
+    # a hook or retained gradient on any view between the projection and q, k, v would be
+    # skipped, and autograd cannot show them.
+    own_views: bool = False
 
     @property
     def groups(self) -> int:
@@ -225,11 +231,13 @@ def make_call(
     block_size: int | tuple[int, int] | None = None,
     qkv_checked: bool = False,
     scale_rule: ScaleRule = "positive",
+    own_views: bool = False,
 ) -> AttentionCall:
     """Validate an attention call once, with errors that name the argument and its shape.
 
     `qkv_checked=True`: the caller shaped q, k and v itself (a module after its projections),
-    so their mutual consistency holds by construction and is not re-tested.
+    so their mutual consistency holds by construction and is not re-tested. `own_views=True`:
+    see `AttentionCall.own_views` (a module's projections that no hook has seen).
     """
     if not qkv_checked:
         check_qkv(q, k, v)
@@ -259,7 +267,7 @@ def make_call(
     return AttentionCall(
         q, k, v, mask, bias, causal,
         default_scale(D) if scale is None else resolve_scale(scale, D, scale_rule), dropout_p,
-        return_weights, structure,
+        return_weights, structure, own_views,
     )  # fmt: skip
 
 

@@ -49,6 +49,8 @@ from .projections import (
 from .static_cache import StaticKVCache
 from .weights import AttentionWeights
 
+QKV_HOOK_POINTS = ("hook_q", "hook_k", "hook_v")  # (shown TransformerLens' way: views)
+
 
 def _sub(module: nn.Module, name: str) -> nn.Module:
     """A registered submodule straight from `_modules` (Module.__getattr__ costs ~0.8 us a
@@ -347,6 +349,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 mask_mod=mask_mod,
                 block_size=block_size,
                 qkv_checked=True,  # shaped here from checked inputs
+                # (views of the projection that no hook has seen, so none can hold a tensor
+                # hook or a retained gradient the tiled backend's packed gradient would skip)
+                own_views=hooks is None or not any(p in hooks for p in QKV_HOOK_POINTS),
             )
             out, weights = dispatch(call) if hooks is None else attend(call, hooks)
         except (ValueError, TypeError):

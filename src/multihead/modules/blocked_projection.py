@@ -53,7 +53,7 @@ def blocked_projection(
     flat buffer (its `_base`); equal to F.linear(x, weight, bias).split(widths, -1)."""
     B, T, C = x.shape
     flat = _Blocked.apply(x.reshape(B * T, C), weight, bias, widths)
-    return [block.view(B, T, -1) for block in _split(flat, B * T, widths)]
+    return [b.view(B, T, w) for b, w in zip(_split(flat, B * T, widths), widths, strict=True)]
 
 
 class _Blocked(torch.autograd.Function):

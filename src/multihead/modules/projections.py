@@ -36,7 +36,8 @@ def _plain(layer: nn.Module) -> bool:
         and not layer._forward_pre_hooks
         and not _module._global_forward_hooks
         and not _module._global_forward_pre_hooks
-        and type(layer._parameters["weight"]) is nn.Parameter
+        # (a parametrized weight, torch.nn.utils.parametrize, is not in _parameters)
+        and type(layer._parameters.get("weight")) is nn.Parameter
     )
 
 

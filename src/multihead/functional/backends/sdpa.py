@@ -51,7 +51,7 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
 
 
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    q, k, v, mask, bias, causal, scale, dropout_p, _, _ = call
+    q, k, v, mask, bias, causal, scale, dropout_p, _, _, _ = call
     tq, tk = q.shape[2], k.shape[2]
     if mask is None and bias is None:
         flag = _kernel_causal(causal, tq, tk)
@@ -156,7 +156,7 @@ def _rows(t: Tensor | None, start: int, stop: int, keys: int) -> Tensor | None:
 
 
 def _chunked(call: AttentionCall, rows: int) -> Tensor:
-    q, k, v, mask, bias, _, scale, dropout_p, _, _ = call
+    q, k, v, mask, bias, _, scale, dropout_p, _, _, _ = call
     gqa = _gqa(q, k)
     tq, tk = q.shape[2], k.shape[2]
     outs = []

@@ -27,9 +27,10 @@ flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
-def kernel_runs(q: Tensor) -> bool:
-    """Whether the fused CPU kernel serves this call's tiles (else plain torch tiles do)."""
-    return q.device.type == "cpu" and q.dtype in KERNEL_DTYPES
+def kernel_runs(q: Tensor, v: Tensor) -> bool:
+    """Whether the fused CPU kernel serves this call's tiles (else plain torch tiles do): CPU,
+    fp32 / fp64, and values as wide as queries (the kernel refuses other value widths)."""
+    return q.device.type == "cpu" and q.dtype in KERNEL_DTYPES and v.shape[-1] == q.shape[-1]
 
 
 def serves_alone(kind: str, structure, mask, bias, q: Tensor, k: Tensor) -> bool:

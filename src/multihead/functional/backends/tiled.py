@@ -81,7 +81,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     dropout = None
     if call.dropout_p > 0.0:
         dropout = (call.dropout_p, _draw_seed())
-    fused = kernel_runs(q) and dropout is None
+    fused = kernel_runs(q, v) and dropout is None
     band = band_plan(structure, call.causal, mask, bias, q, k) if fused else None
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
@@ -106,9 +106,11 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     # copy. (The fast paths' few large calls read strided inputs at full speed.)
     if any(tiles for _, tiles in indexed):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    # q, k, v as column views of a module's fused projection: the Function takes the
-    # projection itself and writes its gradient in one buffer (tile_packed.py)
-    packed = packed_views(q, k, v) if accumulation_dtype(q.dtype) == q.dtype else None
+    # q, k, v as a module's own views of its projection (columns or blocks): the Function
+    # takes the projection itself and writes its gradient in one buffer (tile_packed.py)
+    packed = None
+    if call.own_views and accumulation_dtype(q.dtype) == q.dtype:
+        packed = packed_views(q, k, v)
     with torch.autocast(q.device.type, enabled=False):  # the tiles state their own precision
         if packed is not None:
             out = _TiledPacked.apply(packed.base, mask, bias, docs, prefix_t, setup, packed)
@@ -199,7 +201,7 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     # with nothing to attend), so the buffers start uninitialised.
     out = _output_buffer(q, v.shape[3], acc)
     lse = torch.empty((B, H, tq), dtype=acc, device=q.device)
-    fused = kernel_runs(q) and dropout is None
+    fused = kernel_runs(q, v) and dropout is None
     if band is not None:
         band_forward(q, k, v, band, scale, out, lse)
     if segments is not None:
@@ -270,7 +272,7 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
     tk = k.shape[2]
     dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
     # (the kernel gives no score gradient, and takes no keep mask)
-    fused = kernel_runs(q) and not want_bias and dropout is None
+    fused = kernel_runs(q, v) and not want_bias and dropout is None
     if band is None and segments is None and prefix_p is None:
         grad_out = grad_out.contiguous()
     # (the fast paths read grad_out in slices, copied by the kernel only where strided or
