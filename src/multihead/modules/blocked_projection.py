@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from ..functional.backends.tiled import MIN_PAIRS
+from ..functional.first_order import first_order
 from .projections import _plain
 
 DTYPES = (torch.float32, torch.float64)
@@ -73,7 +73,7 @@ class _Blocked(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable  # (as the tiled backend it feeds: its out= matmuls are not recorded)
+    @first_order("the blocked q, k, v projection")  # (its out= matmuls are not recorded)
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         widths = ctx.widths

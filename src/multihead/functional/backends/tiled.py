@@ -21,11 +21,11 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ...value_checks import may_read
 from ..call import AttentionCall
 from ..dropout_mask import dropout_keep_mask
+from ..first_order import first_order
 from ..mask_mod import mod_mask, tile_classifier
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
@@ -329,7 +329,7 @@ class _Tiled(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order("the tiled backend")
     def backward(ctx, grad_out):
         q, k, v, mask, bias, _, _, out, lse = ctx.saved_tensors
         acc = accumulation_dtype(q.dtype)
@@ -358,7 +358,7 @@ class _TiledPacked(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order("the tiled backend")
     def backward(ctx, grad_out):
         base, mask, bias, _, _, out, lse = ctx.saved_tensors
         q, k, v = take_views(base, ctx.views)
