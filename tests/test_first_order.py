@@ -64,3 +64,19 @@ def test_a_gradient_penalty_through_a_module_window_is_an_error_not_a_partial_su
     (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match=NO_SECOND):
         torch.autograd.grad(gx.pow(2).sum(), m.in_proj.weight)
+
+
+def check_ring_refuses_a_second_derivative(rank: int, world: int) -> None:
+    from multihead.parallel import ring_attention
+
+    q, k, v = qkv(T=12)
+    out = ring_attention(q, k, v, causal=True, window=5)
+    (gq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match=NO_SECOND):
+        torch.autograd.grad(gq.pow(2).sum(), k)
+
+
+def test_ring_attention_refuses_a_second_derivative():
+    from helpers_parallel import run_world
+
+    run_world(check_ring_refuses_a_second_derivative, 1)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ..functional.dropout_mask import dropout_keep_mask
+from ..functional.first_order import first_order
 from ..functional.tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 from .checks import BiasFn, RingSetup, check_bias, prepare
 from .ring import GRADS_TAG, KEYS_TAG, Transfer
@@ -306,7 +306,7 @@ class _RingAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order("ring attention")
     def backward(ctx, grad_out):
         q, k, v, key_mask, docs, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward_ring(grad_out, q, k, v, key_mask, docs, out, lse, ctx.setup)
