@@ -43,6 +43,7 @@ from .projections import (
     linear,
     packed_key_value,
     packed_query,
+    packed_rows,
     project_packed,
     split_fused,
 )
@@ -412,9 +413,10 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         q, k, v as whole blocks of one buffer (`blocked_projection`), not column ranges."""
         H, Hkv = self.num_heads, self.num_kv_heads
         if blocked:
-            D = self.in_proj.weight.shape[0] // (H + 2 * Hkv)
+            packed = self._packed()
+            q_rows, kv_rows = packed_rows(packed, (H, Hkv))
             parts = blocked_projection(
-                query, self.in_proj.weight, self.in_proj.bias, (H * D, Hkv * D, Hkv * D)
+                query, packed.weight, packed.bias, (q_rows, kv_rows, kv_rows)
             )
             q, k, v = (heads_first(p, n) for p, n in zip(parts, (H, Hkv, Hkv), strict=True))
             return q, k, v

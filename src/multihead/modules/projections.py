@@ -96,7 +96,7 @@ def project_packed(
     return q, k, v
 
 
-def _rows(packed: PackedWeights, heads: tuple[int, int]) -> tuple[int, int]:
+def packed_rows(packed: PackedWeights, heads: tuple[int, int]) -> tuple[int, int]:
     """(q rows, kv rows) of a packed weight holding H query and 2 Hkv key/value heads."""
     H, Hkv = heads
     head_dim = packed.weight.shape[0] // (H + 2 * Hkv)
@@ -105,7 +105,7 @@ def _rows(packed: PackedWeights, heads: tuple[int, int]) -> tuple[int, int]:
 
 def packed_query(packed: PackedWeights, heads: tuple[int, int], query: Tensor) -> Tensor:
     """query (..., C) -> q (..., H * D) from the q rows of a packed weight (views)."""
-    q_rows, _ = _rows(packed, heads)
+    q_rows, _ = packed_rows(packed, heads)
     bias = None if packed.bias is None else packed.bias[:q_rows]
     return F.linear(query, packed.weight[:q_rows], bias)
 
@@ -119,7 +119,7 @@ def packed_key_value(
 ) -> tuple[Tensor, Tensor]:
     """key, value (..., C) -> k, v (B, Hkv, Tk, D) from the k and v rows of a packed weight."""
     Hkv = heads[1]
-    q_rows, kv_rows = _rows(packed, heads)
+    q_rows, kv_rows = packed_rows(packed, heads)
     weight, bias = packed.weight, packed.bias
     if key is value:
         # The k and v rows are adjacent in the packed weight: one matmul for both.

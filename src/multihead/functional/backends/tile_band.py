@@ -257,7 +257,7 @@ def band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq,
     out, lse = out.to(q.dtype), lse.to(q.dtype)
     for i in range(B):  # (key blocks are the kernel's batch; batch elements one call each)
         bands = [_query_band(x[i], n, plan) for x in (grad_out, q, out, lse)]
-        keys = [x[i, :, : n * b].unflatten(1, (n, b)).transpose(0, 1) for x in (k, v)]
+        keys = [_blocks(x[i], plan._replace(first=0, stop=n)) for x in (k, v)]  # key blocks
         for j0 in reversed(range(0, n, per_call)):
             j1 = min(n, j0 + per_call)
             blocks = slice(j0, j1)
