@@ -4,9 +4,8 @@ work and match the full-precision results within bf16 tolerance."""
 import pytest
 import torch
 
-from multihead import MultiHeadAttention
+from multihead import CausalLM, LMConfig, MultiHeadAttention
 from multihead.interpret import capture, run_with_cache
-from multihead.modules import CausalLM, LMConfig
 from multihead.positional import RotaryEmbedding
 
 from conftest import TOLERANCES

@@ -8,11 +8,10 @@ call's keys twice)."""
 import pytest
 import torch
 
-from multihead import MultiHeadAttention
+from multihead import CausalLM, LMConfig, MultiHeadAttention
 from multihead.functional.backends import register_backend, unregister_backend
 from multihead.modules.block import TransformerBlock
 from multihead.modules.cache import CrossKVCache, KVCache
-from multihead.modules.lm import CausalLM, LMConfig
 from multihead.modules.static_cache import StaticKVCache
 
 from conftest import assert_close

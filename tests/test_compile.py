@@ -12,10 +12,10 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter
 
-from multihead import MultiHeadAttention, attention
+from multihead import CausalLM, LMConfig, MultiHeadAttention, attention
 from multihead.functional import masks
 from multihead.models.bert import BertConfig, BertEncoder
-from multihead.modules import CausalLM, LMConfig, TransformerBlock
+from multihead.modules import TransformerBlock
 from multihead.modules.cache import KVCache
 from multihead.modules.static_cache import StaticKVCache
 from multihead.positional import ALiBi, RotaryEmbedding

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.export import Dim, export
 
-from multihead import MultiHeadAttention
+from multihead import CausalLM, LMConfig, MultiHeadAttention
 from multihead.models.bert import BertConfig, BertEncoder
-from multihead.modules import CausalLM, LMConfig, TransformerBlock
+from multihead.modules import TransformerBlock
 from multihead.positional import ALiBi, RotaryEmbedding
 
 B, C, H, D = 2, 36, 6, 6

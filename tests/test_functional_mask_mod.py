@@ -11,7 +11,7 @@ import torch
 
 from helpers_spies import count_calls
 from helpers_structure import B, H, grads, qkv
-from multihead import MultiHeadAttention, attention
+from multihead import CausalLM, LMConfig, MultiHeadAttention, attention
 from multihead.functional import explain, masks
 from multihead.functional.backends import tiled as tiled_backend
 from multihead.functional.backends.tile_band import band_plan
@@ -19,7 +19,6 @@ from multihead.functional.backends.tile_segments import segment_plan
 from multihead.functional.structure import Structure
 from multihead.modules.block import TransformerBlock
 from multihead.modules.cache import KVCache
-from multihead.modules.lm import CausalLM, LMConfig
 from multihead.modules.static_cache import StaticKVCache
 from multihead.parallel.sequence_parallel import RingRunner
 

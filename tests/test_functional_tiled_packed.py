@@ -12,7 +12,7 @@ from helpers_spies import count_calls
 from multihead import MultiHeadAttention, attention
 from multihead.functional.backends import tiled as tiled_backend
 from multihead.functional.call import make_call
-from multihead.interpret.hooks import run_with_hooks
+from multihead.hooked.hooks import run_with_hooks
 
 from conftest import assert_close
 from reference import reference_attention, structure_mask_pairwise

@@ -6,7 +6,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from multihead.modules import CausalLM, LMConfig
+from multihead import CausalLM, LMConfig
 
 
 @pytest.mark.slow

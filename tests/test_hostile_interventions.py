@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from multihead import CausalLM, LMConfig
+from multihead.hooked.metric_checks import check_metric_pair
 from multihead.interpret import patch
-from multihead.interpret.metric_checks import check_metric_pair
-from multihead.modules import CausalLM, LMConfig
 
 B, T, V = 2, 6, 37
 

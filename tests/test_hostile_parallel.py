@@ -13,7 +13,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from helpers_parallel import run_world
-from multihead.modules import CausalLM, LMConfig
+from multihead import CausalLM, LMConfig
 from multihead.parallel import tensor_parallel
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from multihead import CausalLM, LMConfig
 from multihead.compat import replace_attention
 from multihead.interpret import (
     ablate,
@@ -18,7 +19,6 @@ from multihead.interpret import (
     run_with_hooks,
     zero_ablation,
 )
-from multihead.modules import CausalLM, LMConfig
 
 B, T, V, H, D = 2, 7, 41, 5, 6
 

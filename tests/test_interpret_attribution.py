@@ -6,8 +6,8 @@ learned, RoPE and ALiBi positions."""
 import pytest
 import torch
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import direct_logit_attribution, run_with_cache
-from multihead.modules import CausalLM, LMConfig
 
 B, T, V, H, D, L = 2, 5, 43, 4, 6, 3
 

@@ -8,8 +8,8 @@ shows; the norm's frozen scale equals the one the model applied."""
 import pytest
 import torch
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import ActivationCache, act_name, run_with_cache
-from multihead.modules import CausalLM, LMConfig
 
 B, T, V, L, H = 2, 5, 37, 3, 3
 TOL = dict(atol=1e-10, rtol=1e-9)

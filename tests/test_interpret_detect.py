@@ -5,6 +5,7 @@ on hand-made attention patterns, hand-computed cases and a model's own patterns.
 import pytest
 import torch
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import (
     detect_head,
     duplicate_token_pattern,
@@ -13,7 +14,6 @@ from multihead.interpret import (
     previous_token_pattern,
     run_with_cache,
 )
-from multihead.modules import CausalLM, LMConfig
 
 L, B, H, T = 2, 3, 4, 7
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from multihead import CausalLM, LMConfig
 from multihead.compat import replace_attention
 from multihead.interpret import act_name, head_gates, hooks, run_with_cache, run_with_hooks
-from multihead.modules import CausalLM, LMConfig
 from multihead.pretrained import BertConfig, BertEncoder
 
 CLOSE = dict(atol=1e-5, rtol=1e-4)

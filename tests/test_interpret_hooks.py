@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from multihead import MultiHeadAttention
+from multihead import CausalLM, LMConfig, MultiHeadAttention
 from multihead.compat import replace_attention
+from multihead.hooked.hooks import BY_NAME_ONLY, ON_REQUEST
 from multihead.interpret import act_name, hook_names, hooks, run_with_cache, run_with_hooks
-from multihead.interpret.hooks import BY_NAME_ONLY, ON_REQUEST
-from multihead.modules import CausalLM, EncoderDecoder, LMConfig, StackConfig
+from multihead.modules import EncoderDecoder, StackConfig
 
 from conftest import assert_close
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from multihead import CausalLM, LMConfig
 from multihead.compat import replace_attention
 from multihead.interpret import run_with_cache
-from multihead.modules import CausalLM, Encoder, LMConfig, StackConfig
+from multihead.modules import Encoder, StackConfig
 from multihead.pretrained import BertConfig, BertEncoder
 
 HOOK_CODE = ("hook_points.py", "attend.py", "/interpret/")

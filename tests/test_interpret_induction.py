@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import (
     ablate,
     direct_logit_attribution,
@@ -30,7 +31,6 @@ from multihead.interpret import (
     run_with_hooks,
     zero_ablation,
 )
-from multihead.modules import CausalLM, LMConfig
 
 V, N = 10, 6  # vocabulary, half length
 BOS = V - 1  # never in the halves

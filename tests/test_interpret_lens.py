@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import logit_lens
-from multihead.modules import CausalLM, LMConfig
 from multihead.pretrained import load_causal_lm
 
 transformers = pytest.importorskip("transformers")

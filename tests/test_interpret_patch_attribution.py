@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import attribution_patch, patch
-from multihead.modules import CausalLM, LMConfig
 
 B, T, V, L, H = 2, 6, 29, 2, 3
 

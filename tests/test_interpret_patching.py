@@ -7,8 +7,8 @@ recovers 0; each head's fraction equals the one computed by hand."""
 import pytest
 import torch
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import PatchResult, act_name, patch, run_with_cache, run_with_hooks
-from multihead.modules import CausalLM, LMConfig
 
 B, T, V, H, L, K = 2, 6, 37, 3, 2, 2
 ANSWER = 5

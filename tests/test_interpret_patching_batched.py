@@ -6,8 +6,8 @@ window), with padding, and whatever the number of patches per forward."""
 import pytest
 import torch
 
+from multihead import CausalLM, LMConfig
 from multihead.interpret import patch
-from multihead.modules import CausalLM, LMConfig
 
 B, T, V, L, H = 2, 7, 41, 3, 3
 

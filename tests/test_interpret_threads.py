@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from helpers_bert import save_bert
+from multihead import CausalLM, LMConfig
 from multihead.hook_points import hooks_for
+from multihead.hooked.hooks import BY_NAME_ONLY
 from multihead.interpret import (
     act_name,
     capture,
@@ -22,8 +24,6 @@ from multihead.interpret import (
     run_with_cache,
     run_with_hooks,
 )
-from multihead.interpret.hooks import BY_NAME_ONLY
-from multihead.modules import CausalLM, LMConfig
 
 WAIT = 20.0  # seconds; generous for a loaded CI machine, bounded
 B, T, V = 2, 6, 43

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers_llama import CASES, VOCAB, load_hf, save_causal
-from multihead.modules import CausalLM
+from multihead import CausalLM
 from multihead.pretrained import load_causal_lm
 
 pytest.importorskip("transformers")

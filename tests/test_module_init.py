@@ -154,7 +154,7 @@ def test_attention_only_block_has_no_mlp():
 
 
 def test_attention_only_hook_points():
-    from multihead.interpret.hooks import hook_names, run_with_cache
+    from multihead.hooked.hooks import hook_names, run_with_cache
 
     lm = CausalLM(LMConfig(vocab_size=20, dim=16, num_layers=2, num_heads=4, attention_only=True))
     names = hook_names(lm)

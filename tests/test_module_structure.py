@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from multihead import MultiHeadAttention, attention
+from multihead import CausalLM, LMConfig, MultiHeadAttention, attention
 from multihead.functional import masks
 from multihead.modules.block import TransformerBlock
 from multihead.modules.cache import KVCache
-from multihead.modules.lm import CausalLM, LMConfig
 from multihead.modules.static_cache import StaticKVCache
 
 from conftest import assert_close

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers_parallel import run_world
-from multihead import MultiHeadAttention
+from multihead import CausalLM, LMConfig, MultiHeadAttention
 from multihead.interpret import capture, run_with_cache
 from multihead.models.bert import BertConfig, BertEncoder
-from multihead.modules import CausalLM, Decoder, Encoder, LMConfig, StackConfig
+from multihead.modules import Decoder, Encoder, StackConfig
 from multihead.parallel import sequence_parallel, shard_sequence
 from multihead.positional import ALiBi, RotaryEmbedding
 

@@ -20,11 +20,10 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from helpers_parallel import run_world
-from multihead import MultiHeadAttention
+from multihead import CausalLM, LMConfig, MultiHeadAttention
 from multihead.bench.tensor_parallel import parameter_bytes
 from multihead.interpret import run_with_cache, run_with_hooks
 from multihead.models.bert import BertConfig, BertEncoder
-from multihead.modules import CausalLM, LMConfig
 from multihead.parallel import full_grads, full_state_dict, sequence_parallel, tensor_parallel
 from multihead.parallel.heads import HeadSplit
 

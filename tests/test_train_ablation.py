@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from multihead.modules import CausalLM, LMConfig
+from multihead import CausalLM, LMConfig
 from multihead.train.ablation import ablate_heads, repeated_copy_loss
 from multihead.train.data import RepeatTask
 from multihead.train.probe import HeldOut

@@ -8,9 +8,9 @@ import torch
 
 from helpers_bert import save_bert
 from helpers_llama import save_causal
+from multihead import CausalLM, LMConfig
 from multihead.interpret import run_with_cache
 from multihead.models.encoder import load_encoder_model
-from multihead.modules import CausalLM, LMConfig
 from multihead.pretrained import load_causal_lm
 
 transformers = pytest.importorskip("transformers")

@@ -13,16 +13,20 @@ __version__ = "0.2.0"
 
 # public name -> the submodule that defines it
 _LAZY = {
+    "CausalLM": "models.lm",
     "FactoredMatrix": "factored_matrix",
+    "LMConfig": "modules.lm",
     "MultiHeadAttention": "modules",
     "attention": "functional",
-    "load": "models.auto",
+    "load": "pretrained.auto",
     "scaled_dot_product_attention": "functional",
     "show": "interpret.head_view",
 }
 
 __all__ = [
+    "CausalLM",
     "FactoredMatrix",
+    "LMConfig",
     "MultiHeadAttention",
     "__version__",
     "attention",
@@ -37,8 +41,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .factored_matrix import FactoredMatrix
     from .functional import attention, scaled_dot_product_attention
     from .interpret.head_view import show
-    from .models.auto import load
+    from .models.lm import CausalLM
     from .modules import MultiHeadAttention
+    from .modules.lm import LMConfig
+    from .pretrained.auto import load
 
 
 def __getattr__(name: str) -> Any:

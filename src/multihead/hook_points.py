@@ -24,18 +24,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from .functional.call import AttentionCall
-
 # fn(activation, full hook name) -> replacement or None
 HookFn = Callable[[Tensor, str], "Tensor | None"]
-# observer(module hook prefix, the attention call as run, its weights (B, H, Tq, Tk))
-CallObserver = Callable[[str, "AttentionCall", Tensor], None]
+# observer(module hook prefix, the attention call as run (a `functional.call.AttentionCall`:
+# not imported, functional sits on this file), its weights (B, H, Tq, Tk))
+AttentionCall = Any
+CallObserver = Callable[[str, AttentionCall, Tensor], None]
 
 # Stands for calls of the pure `functional.attention()` made outside any module.
 FUNCTION = object()
@@ -260,3 +259,18 @@ def replacing(module: nn.Module, values: dict[str, Tensor]) -> Iterator[None]:
         yield
     finally:
         _SESSIONS.set(tuple(s for s in _SESSIONS.get() if s is not replacement))
+
+
+def caches_as(kind: str) -> Any:
+    """Mark a method that runs the model several times with how its forwards combine in
+    `run_with_cache(model.method, ...)`: "positions" (`CausalLM.generate`: one cache over the
+    sequence) or "sequences" (`SentenceEncoder.encode`: one per text); see
+    `multihead.hooked.steps`."""
+
+    def mark(fn: Any) -> Any:
+        if kind not in ("positions", "sequences"):
+            raise ValueError(f"kind must be 'positions' or 'sequences', got {kind!r}")
+        fn.cache_steps = kind
+        return fn
+
+    return mark

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..hooked.ablation import replace_heads
 from ..interpret import (
     PatchResult,
     act_name,
@@ -32,7 +33,6 @@ from ..interpret import (
     run_with_cache,
     run_with_hooks,
 )
-from ..interpret.ablation import replace_heads
 from ..modules import CausalLM, LMConfig
 from ..table import format_table
 from .timing import environment

@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 from ..value_checks import may_read
+from .structure import MaskMod as MaskMod  # re-exported: the type's public name
 from .tile_plan import FULL, NONE, PARTIAL
 
-MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 DEFAULT_BLOCK = 128
 
 

@@ -21,15 +21,17 @@ are (B or 1, 1, tq, tk) booleans, True = may attend.
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..value_checks import may_read
 
-if TYPE_CHECKING:
-    from .mask_mod import MaskMod
+# A mask function of (b, h, q_idx, kv_idx) -> bool (see `functional.mask_mod`); defined here, where
+# the structure that carries it is, so that mask_mod -> tile_plan -> structure runs one way.
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 class Structure(NamedTuple):

@@ -1,7 +1,17 @@
 """See what every head does: hook points, caches, ablation, patching, the logit lens, direct
 logit attribution, capture, head gates, metrics, importance and reports."""
 
-from .ablation import ablate, mean_ablation, resample_ablation, zero_ablation
+from ..hooked.ablation import ablate, mean_ablation, resample_ablation, zero_ablation
+from ..hooked.hooks import (
+    ActivationCache,
+    act_name,
+    hook_names,
+    hooks,
+    run_with_cache,
+    run_with_hooks,
+)
+from ..hooked.patching import PatchResult, patch
+from ..hooked.scope import attention_modules
 from .attribution import Attribution, direct_logit_attribution
 from .capture import AttentionRecord, Records, capture
 from .detect import (
@@ -14,11 +24,8 @@ from .detect import (
     sink_pattern,
 )
 from .gates import head_gates
-from .hooks import ActivationCache, act_name, hook_names, hooks, run_with_cache, run_with_hooks
 from .lens import LensResult, logit_lens
 from .patch_attribution import attribution_patch
-from .patching import PatchResult, patch
-from .scope import attention_modules
 
 __all__ = [
     "TEMPLATES",

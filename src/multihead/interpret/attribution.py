@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..hooked.hooks import act_name, run_with_cache, unwrap
 from ..modules.lm import CausalLM
 from ..modules.norm import RMSNorm
 from ..table import format_table
-from .hooks import act_name, run_with_cache, unwrap
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..functional.call import AttentionCall
 from ..hook_points import HookSession
-from .hooks import eager_only
+from ..hooked.hooks import eager_only
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hooks import run_with_cache, unwrap
+from ..hooked.hooks import run_with_cache, unwrap
 
 TEMPLATES = ("previous_token_head", "duplicate_token_head", "induction_head", "sink")
 Heads = Sequence[tuple[int, int]] | Mapping[int, Sequence[int]] | None

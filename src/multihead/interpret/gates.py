@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from torch import Tensor, nn
 
 from ..hook_points import HookFn, HookSession, module_names
-from .hooks import eager_only
-from .scope import attention_modules
+from ..hooked.hooks import eager_only
+from ..hooked.scope import attention_modules
 
 
 def _gate(g: Tensor) -> HookFn:

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..hooked.hooks import act_name, run_with_cache, unwrap
 from ..modules.lm import CausalLM
 from ..table import format_table
-from .hooks import act_name, run_with_cache, unwrap
 
 
 @dataclass(frozen=True)

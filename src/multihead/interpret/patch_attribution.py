@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
-from .patching import Metric, PatchResult, _as_inputs, _value
-from .scope import attention_hook_names
+from ..hooked.hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
+from ..hooked.patching import Metric, PatchResult, _as_inputs, _value
+from ..hooked.scope import attention_hook_names
 
 
 def attribution_patch(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from ..modules.lm import CausalLM
 from .checkpoint import open_checkpoint, read_json
 from .families import CAUSAL_LM_FAMILIES
 from .fields import unsupported_architecture
+from .lm import CausalLM
 from .loading import load_model
 from .source import resolve_model
 from .text import ModelTokenizer

@@ -31,7 +31,6 @@ import torch
 from torch import Tensor, nn
 
 from .block import TransformerBlock
-from .lm import LMConfig
 from .norm import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
 
 
@@ -185,6 +184,8 @@ def _untie(model: Any, head: nn.Linear, embed: nn.Module | None) -> None:
         return
     head.weight = nn.Parameter(embed.weight.detach().clone())
     config = getattr(model, "config", None)
-    if isinstance(config, LMConfig) and config.tie_embeddings:
+    # a frozen config dataclass with a tie flag (LMConfig): no import of lm.py (which imports us)
+    tied = getattr(config, "tie_embeddings", False)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type) and tied:
         # the head is its own tensor now (state_dict, loading and saving see two)
         model.config = dataclasses.replace(config, tie_embeddings=False)

@@ -127,7 +127,7 @@ def _prefill(
 ) -> Tensor:
     """Fill the caches with the prompts (B, P); the logits (B, V) of the last position.
     Under hooks every position goes through the final norm, so that hook shows the prompt's
-    positions as the other hook points do (see `interpret.steps`)."""
+    positions as the other hook points do (see `hooked.steps`)."""
     h = model.hidden_states(
         ids,
         attention_mask=attention_mask,

@@ -1,4 +1,6 @@
-"""A causal language model (GPT-2 layout by default); generation lives in `generation.py`.
+"""A causal language model (GPT-2 layout by default): the network. Generation lives in
+`generation.py`; text in, text out (`to_tokens`, `generate("text")`, `run_with_cache` on text)
+is `multihead.CausalLM` (`multihead.models.lm`), this class with the tokenizer it carries.
 
 Shapes: input_ids (B, T) -> logits (B, T, V). Generation keeps one KV cache per layer.
 """
@@ -14,7 +16,7 @@ from torch import Tensor, nn
 
 from ..functional import masks
 from ..functional.mask_mod import MaskMod
-from ..hook_points import hooks_for
+from ..hook_points import caches_as, hooks_for
 from ..positional import ALiBi, LearnedPositions, PositionScheme, RopeScaling, RotaryEmbedding
 from ..value_checks import check_below, check_token_ids
 from . import generation
@@ -24,10 +26,9 @@ from .block import TransformerBlock, make_blocks
 from .cache import KVCache, checkpoints, roll_back
 from .generation import head_logits
 from .init import init_weights
+from .model_weights import ModelWeights
 from .norm import make_norm
 from .static_cache import StaticKVCache
-from .text import TextMethods, caches_as, is_text
-from .weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,9 @@ class LMConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
 
-class CausalLM(ModelWeights, nn.Module, TextMethods):
-    """Token (+ learned position) embeddings, pre-norm blocks, a final norm and the LM head.
-    `tokenizer`: the ModelTokenizer it carries (set by the loaders; None: ids only), for
-    `to_tokens`, `generate("text")` and the other text methods (see `modules/text.py`).
+class CausalLM(ModelWeights, nn.Module):
+    """Token (+ learned position) embeddings, pre-norm blocks, a final norm and the LM head, on
+    token ids. `multihead.CausalLM` (what the loaders build) adds text: see `models/lm.py`.
 
     Hook points (see `multihead.interpret`): hook_embed, hook_pos_embed (learned positions),
     blocks.{i}.* (see TransformerBlock and MultiHeadAttention), ln_final.hook_scale,
@@ -85,7 +85,7 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
     Module paths use our attribute names (`layers.{i}`, `norm_f`: the state_dict keys); the
     TransformerLens names `blocks` and `ln_final` are aliases of the same modules. Weights by
     TransformerLens' names (W_E, W_pos, W_U, b_U, W_Q ... b_O, W_in ..., QK, OV,
-    all_composition_scores): see `multihead.modules.weights`.
+    all_composition_scores): see `multihead.modules.weights` and `model_weights`.
     """
 
     hook_points: tuple[str, ...] = ("hook_embed", "hook_pos_embed", "hook_logits")
@@ -227,16 +227,11 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         the head is the largest matrix). `attention_mask` (B, T): 1/True = token, 0 = padding (of
         this call's tokens when caches are given). `positions` default: after the cached tokens,
         counted over real tokens when there is padding (left padding does not shift them).
-        `input_ids` may be text (a str or a list, see `to_tokens`; padding gets its mask).
         `window`: a sliding window for every layer in this call (default: the config's, per
         layer); `documents` (B, T or cached + T) integer ids: packed documents attend only
         within themselves; `prefix`: prefix-LM; `mask_mod`, `block_size`: a mask function of
         (b, h, q_idx, kv_idx) for every layer, q_idx counting cached tokens too (see
         `functional.attention`)."""
-        if is_text(input_ids):
-            input_ids, attention_mask = self._ids_and_mask(
-                input_ids, attention_mask, None, None, "forward"
-            )
         h = self.hidden_states(
             input_ids,
             attention_mask=attention_mask,
@@ -381,15 +376,6 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         return generation.generate_stream(self, prompt_ids, max_new_tokens, **kwargs)
 
     @caches_as("positions")
-    def generate(self, prompt_ids: Tensor | str | list[str], max_new_tokens: int, **kwargs):
-        """(B, P + new): the prompts followed by the generated tokens (see generate_stream).
-        Text prompts give text back (see `TextMethods.generate_text`)."""
-        if is_text(prompt_ids):
-            return self.generate_text(prompt_ids, max_new_tokens, **kwargs)  # type: ignore[arg-type]
-        return generation.generate(self, prompt_ids, max_new_tokens, **kwargs)  # type: ignore[arg-type]
-
-    def _text_max_length(self) -> int | None:
-        return self.config.max_positions if self.config.positions_bounded() else None
-
-    def _text_device(self) -> torch.device:
-        return self.tok.weight.device
+    def generate(self, prompt_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """(B, P + new): the prompts followed by the generated tokens (see generate_stream)."""
+        return generation.generate(self, prompt_ids, max_new_tokens, **kwargs)

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..hook_points import ModuleHooks, replacing
-
-if TYPE_CHECKING:
-    from .block import TransformerBlock
 
 SPLIT_INPUT_POINTS = ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
 
@@ -36,7 +33,7 @@ def wants_split_inputs(hooks: ModuleHooks) -> bool:
 
 
 @contextmanager
-def split_inputs(block: TransformerBlock, x: Tensor, hooks: ModuleHooks) -> Iterator[None]:
+def split_inputs(block: Any, x: Tensor, hooks: ModuleHooks) -> Iterator[None]:
     """Serve the per-head input points of `block` for its input x (B, T, C); inside the
     block, `block.attn(x, ...)` attends with the q, k, v made from them."""
     if x.dim() != 3:

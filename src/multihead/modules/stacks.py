@@ -15,8 +15,8 @@ from .attention import MultiHeadAttention
 from .block import make_blocks
 from .cache import CrossKVCache, KVCache, checkpoints, roll_back
 from .init import init_weights
+from .model_weights import ModelWeights
 from .norm import make_norm
-from .weights import ModelWeights
 
 
 @dataclass(frozen=True)

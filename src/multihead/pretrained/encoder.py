@@ -21,10 +21,10 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from ..functional.varlen import VarLen
-from ..hook_points import observed
+from ..hook_points import caches_as, observed
 from ..models.bert import BertEncoder, EncoderOutput
 from ..models.text import ModelTokenizer
-from ..modules.text import TextMethods, caches_as, is_text
+from ..models.text_methods import TextMethods, is_text
 from .batches import TOKENS_PER_TEXT, run_batches, token_batches
 from .pooling import POOLING_MODES, pool_packed, pool_padded
 from .tokenizer import encode_ids

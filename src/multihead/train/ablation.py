@@ -3,7 +3,7 @@
 Zero ablation sets the head's output (`blocks.{i}.attn.hook_z`, before the output projection)
 to zero; mean ablation replaces it by its mean over the held-out sequences and positions, so
 the rest of the model still sees a typical value there. Both through
-`multihead.interpret.ablation.ablate`.
+`multihead.interpret.ablate`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..interpret.ablation import ablate
-from ..interpret.scope import attention_modules
+from ..hooked.ablation import ablate
+from ..hooked.scope import attention_modules
 from .probe import HeldOut, copy_losses
 
 

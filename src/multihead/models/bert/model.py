@@ -16,7 +16,7 @@ from ...functional.masks import from_hf_padding
 from ...functional.varlen import VarLen
 from ...hook_points import hooks_for
 from ...modules import TransformerBlock
-from ...modules.weights import ModelWeights
+from ...modules.model_weights import ModelWeights
 from ...positional.scheme import PositionScheme
 from ...value_checks import check_token_ids
 from .config import BertConfig

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...modules.lm import CausalLM
 from ..families import CAUSAL_LM_FAMILIES
 from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
 from ..llama.gguf import llama_gguf_config, llama_gguf_names
+from ..lm import CausalLM
 from .checkpoint import GGUFCheckpoint, GGUFNames
 from .metadata import Metadata
 from .reader import GGUFFile

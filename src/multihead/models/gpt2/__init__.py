@@ -1,7 +1,7 @@
 """GPT-2 (Hugging Face GPT2LMHeadModel) as a multihead CausalLM: config, key map, family."""
 
-from ...modules.lm import CausalLM
 from ..decoder import finish_causal_lm, tied_head
+from ..lm import CausalLM
 from ..loading import Family
 from .config import gpt2_config
 from .keymap import GPT2_IGNORED, GPT2_KEY_MAP, gpt2_key_map, gpt2_rename

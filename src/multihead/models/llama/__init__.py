@@ -1,8 +1,8 @@
 """Llama, Mistral and Qwen2 (Hugging Face *ForCausalLM) as a multihead CausalLM: config
 reader, key map, family."""
 
-from ...modules.lm import CausalLM
 from ..decoder import finish_causal_lm, tied_head
+from ..lm import CausalLM
 from ..loading import Family
 from .config import llama_family_config, rope_settings
 from .keymap import LLAMA_IGNORED, llama_key_map, llama_rename

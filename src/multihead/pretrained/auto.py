@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from ..model_layout import transformer_folder
-from .causal_lm import CAUSAL_LM_FAMILIES, load_causal_lm
-from .checkpoint import read_json
-from .encoder import ENCODER_FAMILIES
-from .source import resolve_model
+from ..models.causal_lm import CAUSAL_LM_FAMILIES, load_causal_lm
+from ..models.checkpoint import read_json
+from ..models.encoder import ENCODER_FAMILIES
+from ..models.source import resolve_model
+from . import load_encoder
 
 
 def load(
@@ -39,8 +40,6 @@ def load(
     if model_type in CAUSAL_LM_FAMILIES:
         return load_causal_lm(resolved.path, dtype=dtype, device=device)
     if model_type in ENCODER_FAMILIES:
-        from ..pretrained import load_encoder  # pretrained builds on models
-
         return load_encoder(resolved.path, dtype=dtype, device=device)
     known = sorted([*CAUSAL_LM_FAMILIES, *ENCODER_FAMILIES])
     raise ValueError(

@@ -28,23 +28,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from ..hooked.ablation import ablate
+from ..hooked.hooks import run_with_cache, run_with_hooks
+from ..hooked.patching import patch
+from ..modules.generation import generate
+
 if TYPE_CHECKING:
-    from ..models.text import ModelTokenizer
+    from .text import ModelTokenizer
 
 PADDING_SIDES = ("right", "left")
-
-
-def caches_as(kind: str) -> Any:
-    """See `multihead.interpret.steps.caches_as` (imported when first used: modules do not
-    import interpret)."""
-
-    def mark(fn: Any) -> Any:
-        if kind not in ("positions", "sequences"):
-            raise ValueError(f"kind must be 'positions' or 'sequences', got {kind!r}")
-        fn.cache_steps = kind
-        return fn
-
-    return mark
 
 
 def is_text(x: object) -> bool:
@@ -186,8 +178,6 @@ class TextMethods:
         (None: never), as TransformerLens' stop_at_eos; the text ends with the first EOS.
         Greedy unless `temperature` > 0 (TransformerLens samples by default). The BOS put
         first (see `prepend_bos`) is not part of the text. Other keywords: `generate`'s."""
-        from .generation import generate
-
         tokenizer = self._tokenizer("generate")
         if return_type not in ("input", "str", "tokens"):
             raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
@@ -230,8 +220,6 @@ class TextMethods:
         """(output, ActivationCache) of one forward on text or ids (see
         `multihead.interpret.run_with_cache`; `names_filter` is its `names`). Text keywords:
         `prepend_bos`, `padding_side`."""
-        from ..interpret.hooks import run_with_cache
-
         ids, kwargs = self._call_kwargs(input, kwargs, "run_with_cache")
         return run_with_cache(self, ids, *args, names=names_filter, **kwargs)  # type: ignore[arg-type]
 
@@ -240,16 +228,12 @@ class TextMethods:
     ) -> Any:
         """The output of one forward on text or ids with `fwd_hooks` (see
         `multihead.interpret.run_with_hooks`)."""
-        from ..interpret.hooks import run_with_hooks
-
         ids, kwargs = self._call_kwargs(input, kwargs, "run_with_hooks")
         return run_with_hooks(self, ids, *args, fwd_hooks=fwd_hooks, **kwargs)  # type: ignore[arg-type]
 
     @contextmanager
     def ablate(self, heads: Any, method: str = "zero", **kwargs: Any) -> Iterator[None]:
         """`multihead.interpret.ablate(self, heads, method, ...)`; `reference` may be text."""
-        from ..interpret.ablation import ablate
-
         reference = kwargs.pop("reference", None)
         if is_text(reference):
             reference, kwargs = self._call_kwargs(reference, kwargs, "ablate")
@@ -261,8 +245,6 @@ class TextMethods:
     def patch(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any) -> Any:
         """`multihead.interpret.patch(self, clean, corrupted, metric, ...)`; clean and
         corrupted may be texts (they must tokenise to the same number of tokens)."""
-        from ..interpret.patching import patch
-
         prepend_bos = kwargs.pop("prepend_bos", None)
         pair = []
         for name, x in (("clean", clean), ("corrupted", corrupted)):
