@@ -89,7 +89,7 @@ def test_html_draws_the_chosen_relation(gpt2, tmp_path, capsys):
         (
             CONLLU.replace("\t3\tnsubj", "\t9\tnsubj"),
             [],
-            r"c.conllu, sentence at line 1: word 2 'dog' has head 9, out of range 0..4",
+            r"c.conllu, sentence at line 1, line 3: word 2 'dog' has head 9, out of range 0..4",
         ),
         (
             "The dog sleeps.\n",
@@ -99,7 +99,7 @@ def test_html_draws_the_chosen_relation(gpt2, tmp_path, capsys):
         (
             CONLLU,
             ["--relations", "obj"],
-            r"--relations obj matches no label in the corpus; it has det nsubj punct root",
+            r"--relations: relation 'obj' is not a label of the corpus; it has det nsubj punct root",
         ),
         ("# only a comment\n", [], r"holds no CoNLL-U token lines"),
         (

@@ -103,3 +103,78 @@ def test_non_utf8_text_argument_is_the_file_readers_error(capsys, argv, what):
 @pytest.mark.parametrize(("a", "b", "what"), [("", "a cat", "A"), ("a cat", "  ", "B")])
 def test_similarity_refuses_an_empty_sentence(capsys, a, b, what):
     one_error(capsys, ["similarity", a, b], f"{what} is empty")
+
+
+# Issue 40: a named pipe nobody writes to, and text that is not text (lone surrogates).
+def _fifo(tmp_path, name):
+    path = tmp_path / name
+    os.mkfifo(path)
+    return path
+
+
+def _in_a_child(argv, timeout=120):
+    """The command in a subprocess, so a hang is a failed test rather than a stuck suite."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "multihead.cli", *argv], capture_output=True, timeout=timeout,
+        text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_named_pipe_without_writer_as_corpus_is_refused_without_blocking(tmp_path):
+    fifo = _fifo(tmp_path, "corpus")
+    done = _in_a_child(["heads", "--corpus", str(fifo)])
+    assert done.returncode == 2, done.stderr[-2000:]
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("multihead: error: --corpus"), err
+    assert "named pipe" in err[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_named_pipe_without_writer_as_model_is_refused_without_blocking(tmp_path):
+    fifo = _fifo(tmp_path, "model.gguf")
+    done = _in_a_child(["inspect", "a text", "--model", str(fifo)])
+    assert done.returncode == 2, done.stderr[-2000:]
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("multihead: error: --model"), err
+    assert "not a regular file" in err[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_with_a_writer_is_still_read(tmp_path):
+    fifo = _fifo(tmp_path, "text")
+    keeper = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # holds the pipe open meanwhile
+    try:
+        writer = os.open(fifo, os.O_WRONLY)  # a reader exists: does not wait
+        os.write(writer, b"one line\n")
+        os.close(writer)  # (as `<(command)` does when it ends)
+        assert read_text_file(fifo, "--file") == "one line\n"
+    finally:
+        os.close(keeper)
+
+
+def test_lone_surrogate_text_argument_is_refused_by_name(capsys):
+    one_error(capsys, ["inspect", "bad \ud800"], "TEXT", "'\\ud800'", "lone surrogate")
+
+
+def test_lone_surrogate_in_library_calls_is_refused_by_name():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import multihead
+    from multihead.interpret.head_view import show
+    from multihead.models.text import ModelTokenizer
+
+    encoder = multihead.load()
+    with pytest.raises(ValueError, match=r"text holds '\\ud800' at index 4, a lone surrogate"):
+        show(encoder, "bad \ud800")
+    with pytest.raises(ValueError, match=r"texts\[1\] holds '\\udfff' at index 0"):
+        encoder.encode(["fine", "\udfff"])
+    raw = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = ModelTokenizer(raw)
+    with pytest.raises(ValueError, match=r"text holds '\\ud800'"):
+        tok.encode("a \ud800")
+    assert tok.encode("a") == [0]

@@ -49,3 +49,39 @@ def test_check_metric_pair_rules():
             check_metric_pair(clean, corrupted)
     with pytest.raises(ValueError, match="no difference to recover"):
         check_metric_pair(0.25, 0.25)
+
+
+# Issue 40: attribution_patch as strict as patch(), and told apart from inference_mode.
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_attribution_patch_refuses_a_non_finite_metric(setup, bad):
+    from multihead.interpret import attribution_patch
+
+    model, clean, corrupted = setup
+    with pytest.raises(ValueError, match=rf"metric is {bad} on the clean run"):
+        attribution_patch(model, clean, corrupted, lambda logits: logits.sum() * bad)
+
+
+def test_attribution_patch_refuses_a_metric_non_finite_on_the_corrupted_run(setup):
+    from multihead.interpret import attribution_patch
+
+    model, clean, corrupted = setup
+    with torch.no_grad():
+        clean_logits = model(clean)
+
+    def metric(logits):
+        finite = torch.equal(logits.detach(), clean_logits)
+        return logits[:, -1, 5].mean() + (0.0 if finite else float("nan"))
+
+    with pytest.raises(ValueError, match=r"metric is nan on the corrupted run"):
+        attribution_patch(model, clean, corrupted, metric)
+
+
+def test_attribution_patch_under_inference_mode_names_it(setup):
+    from multihead.interpret import attribution_patch
+
+    model, clean, corrupted = setup
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"torch.inference_mode\(\)"):
+        attribution_patch(model, clean, corrupted, lambda logits: logits[:, -1, 5].mean())
+    with torch.no_grad():  # no_grad is fine: it enables grad itself
+        result = attribution_patch(model, clean, corrupted, lambda logits: logits[:, -1, 5].mean())
+    assert torch.isfinite(result.heads).all()

@@ -3,6 +3,7 @@ once, naming the field and what the weights say, before any module is built."""
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 
@@ -201,3 +202,48 @@ def test_pooling_path_outside_the_model_dir_is_refused(dirs, tmp_path, path):
     (model / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(ValueError, match=r"Pooling's path .* must be a folder inside the model"):
         load_encoder(model)
+
+
+# Issue 40: an empty model name, a model that is a named pipe, and FactoredMatrix dtypes.
+@pytest.mark.parametrize("name", ["", "  "])
+def test_load_of_an_empty_name_is_refused_not_the_current_directory(name, tmp_path, monkeypatch):
+    import multihead
+
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    monkeypatch.chdir(tmp_path)  # "" used to load the current directory
+    with pytest.raises(ValueError, match=rf"model {name!r} is empty"):
+        multihead.load(name)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_load_of_a_named_pipe_is_refused_without_blocking(tmp_path):
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "m.gguf"
+    os.mkfifo(fifo)
+    code = f"import multihead\ntry:\n    multihead.load({str(fifo)!r})\nexcept ValueError as e:\n    print(e)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "is not a regular file" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_factored_matrix_of_non_float_tensors_is_a_type_error(dtype):
+    from multihead import FactoredMatrix
+
+    a = torch.ones(3, 2, dtype=dtype)
+    with pytest.raises(TypeError, match=rf"A must be a floating-point .* got dtype {dtype}"):
+        FactoredMatrix(a, torch.ones(2, 4))
+    with pytest.raises(TypeError, match=rf"B must be a floating-point .* got dtype {dtype}"):
+        FactoredMatrix(torch.ones(3, 2), torch.ones(2, 4, dtype=dtype))
+
+
+def test_factored_matrix_of_two_float_dtypes_is_a_type_error():
+    from multihead import FactoredMatrix
+
+    with pytest.raises(TypeError, match=r"share a dtype, got torch.float32 and torch.float64"):
+        FactoredMatrix(torch.ones(3, 2), torch.ones(2, 4, dtype=torch.float64))
+    fm = FactoredMatrix(
+        torch.randn(3, 2, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    )
+    assert fm.eigenvalues.dtype == torch.complex128  # float works as before

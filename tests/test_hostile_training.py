@@ -129,3 +129,141 @@ def test_sigkill_mid_write_leaves_the_old_file(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert target.read_text() == "old"  # the half-written bytes are in a temporary file only
+
+
+# Damaged checkpoints (issue 40): each refused before training resumes, one line, exit 2.
+SHORT = ["train", "induction", "--steps", "4", "--eval-every", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished")
+    assert main([*SHORT, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out
+
+
+def resign(path, damage):
+    """`damage(state)` applied to the checkpoint, then its digest written anew: a checkpoint
+    that is whole but does not fit the run (another version, another model)."""
+    from multihead.train.checkpoints import state_digest
+
+    state = torch.load(path, weights_only=True)
+    damage(state)
+    if isinstance(state, dict) and "sha256" in state:
+        state["sha256"] = state_digest(state)
+    torch.save(state, path)
+
+
+def refused_resume(capsys, out, *fragments, extra=("--steps", "6", "--extend")):
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    one_error(capsys, [*SHORT[:2], *SHORT[4:], *extra, "--out", str(out), "--resume"],
+              "--resume: checkpoint", *fragments)  # fmt: skip
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing rewritten
+
+
+def test_flipped_bytes_in_a_checkpoint_are_refused(run_copy, capsys):
+    path = run_copy / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    # 64 bytes of the Adam moments changed (the finding: the run resumed with moments off by
+    # up to 3.6e8), the file otherwise whole
+    moments = state["optimizer"]["state"][0]["exp_avg_sq"]
+    data = bytearray(path.read_bytes())
+    raw = moments.reshape(-1)[:16].numpy().tobytes()
+    at = data.index(raw)
+    data[at : at + 64] = bytes(b ^ 0x5A for b in data[at : at + 64])
+    path.write_bytes(bytes(data))
+    refused_resume(capsys, run_copy, "damaged", "SHA-256")
+
+
+def test_step_at_steps_is_finished_not_silently_rewritten(run_copy, capsys):
+    refused_resume(capsys, run_copy, "at step 4", "--steps 4", "finished", "--extend",
+                   extra=("--steps", "4"))  # fmt: skip
+
+
+def test_step_beyond_steps_is_refused(run_copy, capsys):
+    resign(run_copy / "checkpoint.pt", lambda s: s.update(step=10))
+    refused_resume(capsys, run_copy, "at step 10", "--steps 6")
+
+
+def test_extend_trains_on_to_the_new_steps(run_copy, capsys):
+    assert main([*SHORT[:2], "--steps", "6", *SHORT[4:], "--out", str(run_copy), "--resume",
+                 "--extend"]) == 0  # fmt: skip
+    state = torch.load(run_copy / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 6 and state["steps"] == [0, 2, 4, 6]
+    assert json.loads((run_copy / "summary.json").read_text())["config"]["steps"] == 6
+
+
+def test_extend_without_resume_is_refused(run_copy, capsys):
+    one_error(capsys, [*SHORT, "--out", str(run_copy), "--extend"], "--extend", "--resume")
+
+
+def test_other_steps_without_extend_is_other_settings(run_copy, capsys):
+    refused_resume(capsys, run_copy, "steps: 4 there, 6 now", extra=("--steps", "6"))
+
+
+def _first_weight(state):
+    return next(iter(state["model"]))
+
+
+DAMAGES = {
+    "not a dict": (lambda s: s.clear() or s.update(x=1), "lacks step"),
+    "no digest": (lambda s: s.pop("sha256"), "lacks sha256"),
+    "no optimizer": (lambda s: s.update(optimizer={}), "no optimizer state"),
+    "missing weight": (lambda s: s["model"].pop(_first_weight(s)), "missing weights"),
+    "extra weight": (lambda s: s["model"].update(extra=torch.zeros(1)), "unexpected ['extra']"),
+    "wrong shape": (
+        lambda s: s["model"].update({_first_weight(s): torch.zeros(3, 5)}),
+        "(3, 5); this run has",
+    ),
+    "wrong dtype": (
+        lambda s: s["model"].update({_first_weight(s): s["model"][_first_weight(s)].double()}),
+        "torch.float64",
+    ),
+    "moments wrong shape": (
+        lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(2)),
+        "optimizer exp_avg[0]",
+    ),
+    "moments negative": (
+        lambda s: s["optimizer"]["state"][0]["exp_avg_sq"].fill_(-1.0),
+        "negative optimizer exp_avg_sq[0]",
+    ),
+    "optimizer lr": (
+        lambda s: s["optimizer"]["param_groups"][0].update(lr=1.0),
+        "optimizer lr 1.0",
+    ),
+    "optimizer state for a parameter it lacks": (
+        lambda s: s["optimizer"]["state"].update({999: {}}),
+        "parameters the model does not have",
+    ),
+    "bad rng state": (lambda s: s.update(rng=torch.zeros(3, dtype=torch.uint8)), "rng"),
+    "bad data state": (lambda s: s.update(data=s["data"].float()), "data"),
+    "step not a number": (lambda s: s.update(step="2"), "holds step '2'"),
+    "negative step": (lambda s: s.update(step=-1), "holds step -1"),
+    "history longer than step": (lambda s: s["steps"].append(8), "measured steps"),
+    "measurement fields": (
+        lambda s: s["scores"][0].pop(next(iter(s["scores"][0]))),
+        "holds a measurement",
+    ),
+    "config not a dict": (lambda s: s.update(config=[1]), "holds config [1]"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGES))
+def test_damaged_checkpoint_is_one_error_line(run_copy, capsys, case):
+    damage, fragment = DAMAGES[case]
+    resign(run_copy / "checkpoint.pt", damage)
+    refused_resume(capsys, run_copy, fragment)
+
+
+def test_a_checkpoint_that_is_not_a_dict(run_copy, capsys):
+    torch.save([1, 2, 3], run_copy / "checkpoint.pt")
+    refused_resume(capsys, run_copy, "holds a list")

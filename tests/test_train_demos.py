@@ -77,7 +77,8 @@ def test_induction_command_writes_the_files(tmp_path, capsys):
     assert written == {"summary.json", "induction.png", "report.html", "checkpoint.pt"}
     assert (tmp_path / "induction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "MultiheadReport.render" in html and '"tokens":["<s>"' in html
+    # the payload is JSON with "<" and ">" escaped for the <script> it sits in
+    assert "MultiheadReport.render" in html and r'"tokens":["\u003cs\u003e"' in html
     s = read(tmp_path / "summary.json")
     check_induction_summary(s, InductionConfig(steps=12, eval_every=4))
     assert s["threads"] == 1

@@ -28,6 +28,14 @@ class FactoredMatrix:
             raise TypeError(
                 f"A and B must be tensors, got {type(A).__name__} and {type(B).__name__}"
             )
+        for name, t in (("A", A), ("B", B)):
+            if not (t.is_floating_point() or t.is_complex()):
+                raise TypeError(
+                    f"{name} must be a floating-point (or complex) tensor, got dtype {t.dtype}: "
+                    f"eigenvalues, SVD and norms need one; convert it first ({name}.float())"
+                )
+        if A.dtype != B.dtype:
+            raise TypeError(f"A and B must share a dtype, got {A.dtype} and {B.dtype}")
         if A.dim() < 2 or B.dim() < 2 or A.shape[-1] != B.shape[-2]:
             raise ValueError(
                 f"A (..., ldim, mdim) and B (..., mdim, rdim) must share mdim, got A "

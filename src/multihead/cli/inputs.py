@@ -9,6 +9,7 @@ endless pipe or a 50 GB file is one error at once instead of filling memory.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -86,12 +87,20 @@ def read_text_file(path: Path, option: str) -> str:
     if path.is_dir():
         raise UsageError(f"{what} is a directory; give a text file")
     try:
-        with open(path, "rb") as f:
+        fifo = stat.S_ISFIFO(path.stat().st_mode)
+        # open(2) of a named pipe waits for a writer, forever if none comes: opened without
+        # waiting, then read as usual (a pipe with no writer reads as empty at once)
+        fd = os.open(path, os.O_RDONLY | (os.O_NONBLOCK if fifo else 0))
+        if fifo:
+            os.set_blocking(fd, True)
+        with open(fd, "rb") as f:
             data = _read_bounded(f, what)
     except FileNotFoundError:
         raise UsageError(f"{what}: no such file") from None
     except OSError as e:
         raise UsageError(f"{what}: cannot read it ({e.strerror})") from None
+    if fifo and not data:
+        raise UsageError(f"{what} is a named pipe and nothing was written to it (no writer)")
     return _decode(data, what)
 
 
@@ -113,7 +122,12 @@ def check_text_argument(text: str, what: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        data = text.encode("utf-8", "surrogateescape")
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as e:  # a surrogate no argv byte becomes (main(argv) callers)
+            raise UsageError(
+                f"{what} holds {text[e.start]!r} at index {e.start}, a lone surrogate, not text"
+            ) from None
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as e:

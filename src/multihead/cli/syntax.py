@@ -105,12 +105,13 @@ def run(args) -> int:
     sentences = read_sentences(args)
     if not sentences:
         raise UsageError("the corpus holds no sentences")
-    known = sorted({r for s in sentences for r in s.relations})
-    if args.relations and not set(args.relations) & set(known):
-        raise UsageError(
-            f"--relations {' '.join(args.relations)} matches no label in the corpus; it has "
-            f"{' '.join(known)}"
-        )
+    if args.relations:
+        from ..interpret.syntax import check_relations
+
+        try:
+            check_relations(args.relations, [r for s in sentences for r in s.relations])
+        except ValueError as e:
+            raise UsageError(f"--relations: {e}") from None
     progress = Progress()
     progress.status(f"loading {args.model}…")
     subject = load_subject(check_model(args.model), NAME)

@@ -51,6 +51,11 @@ def add_common(parser: argparse.ArgumentParser, *, steps: int, eval_every: int, 
         help="continue a killed run from --out's checkpoint.pt (written after each measurement); "
         "the result equals an uninterrupted run's",
     )
+    parser.add_argument(
+        "--extend",
+        action="store_true",
+        help="with --resume: train a finished (or stopped) run on to a larger --steps",
+    )
 
 
 def prepare(args) -> Path:
@@ -71,6 +76,8 @@ def prepare(args) -> Path:
             pass
     except OSError as e:
         raise UsageError(f"--out {str(out)!r}: cannot write there ({e.strerror})") from None
+    if args.extend and not args.resume:
+        raise UsageError("--extend continues a run from its checkpoint: give --resume too")
     if args.resume and not (out / CHECKPOINT).is_file():
         raise UsageError(f"--resume: --out {str(out)!r} holds no {CHECKPOINT} to resume from")
     return out
@@ -78,7 +85,7 @@ def prepare(args) -> Path:
 
 def checkpoint_of(args) -> dict:
     """The training functions' checkpoint arguments for --out and --resume."""
-    return {"checkpoint": args.out / CHECKPOINT, "resume": args.resume}
+    return {"checkpoint": args.out / CHECKPOINT, "resume": args.resume, "extend": args.extend}
 
 
 def train_or_usage_error(train: Callable[[], object]):

@@ -18,13 +18,12 @@ tools produce per head), so any source of scores can feed the view.
 from __future__ import annotations
 
 import html
-import json
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
 from .analysis import Analysis
-from .report_html import WEIGHT_UNIT, asset, opening_head, pack_weights
+from .report_html import WEIGHT_UNIT, asset, opening_head, pack_weights, script_json
 
 MAX_TOKENS = 128
 # Metrics listed in a head's details, when the analysis has them.
@@ -129,7 +128,7 @@ def head_view_data(
 def render_head_view(data: dict) -> str:
     """The view's HTML fragment: style, container and scripts, embeddable in any page."""
     i = data["id"]
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    payload = script_json(data)
     notes = "".join(f'<p class="mhv-note">{html.escape(n)}</p>' for n in data["notes"])
     return f"""<style>{asset("head_view.css")}</style>
 <div class="mhv" id="{i}">

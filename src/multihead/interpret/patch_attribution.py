@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooked.hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
+from ..hooked.metric_checks import check_metric_pair
 from ..hooked.patching import Metric, PatchResult, _as_inputs, _value
 from ..hooked.scope import attention_hook_names
 
@@ -43,6 +44,11 @@ def attribution_patch(
     """Estimate `patch(model, clean, corrupted, metric, ...)` linearly (see the module
     docstring): the same arguments and result type. `metric(output)` must return a scalar
     tensor that is differentiable in the output."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            "attribution_patch needs gradients, and torch.inference_mode() is on: call it "
+            "outside inference_mode (torch.no_grad() around it is fine; it enables grad itself)"
+        )
     model = unwrap(model)
     clean_in, corrupted_in = _as_inputs(clean), _as_inputs(corrupted)
     streams = [resid] if isinstance(resid, str) else list(resid)
@@ -78,15 +84,10 @@ def attribution_patch(
                 "output (differentiable); got "
                 + (f"shape {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value))
             )
+        corrupted_value = float(value.detach())
+        difference = check_metric_pair(clean_value, corrupted_value)  # as patch() does
         grads = dict(
             zip(zeros, torch.autograd.grad(value.sum(), list(zeros.values())), strict=True)
-        )
-    corrupted_value = float(value.detach())
-    difference = clean_value - corrupted_value
-    if difference == 0:
-        raise ValueError(
-            f"the metric is {clean_value} on both the clean and the corrupted input: "
-            "there is no difference to recover"
         )
 
     def effect(name: str) -> Tensor:

@@ -46,6 +46,22 @@ TABLE_METRICS = (
 WEIGHT_UNIT = 1e-4
 
 
+# Inside <script>, the HTML parser ends the element at `</script` and enters a "double
+# escaped" state at `<!--` followed by `<script` (the page goes blank); `&` and `>` are harmless
+# there but escaped too, so a payload is also safe in an attribute or a comment. U+2028/2029 end
+# a line in old JavaScript engines. JSON's \uXXXX escapes keep every value the same.
+_SCRIPT_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def script_json(data: object) -> str:
+    """`data` as JSON that can stand inside an HTML `<script>` element whatever its strings
+    hold (`</script>`, `<!--<script>`, U+2028): every `<`, `>`, `&`, U+2028 and U+2029 written
+    as a JSON escape, so the script parses to exactly `data`."""
+    return json.dumps(data, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
+
+
 def asset(name: str) -> str:
     """The text of one of the package's report assets (interpret/assets/)."""
     return (resources.files("multihead.interpret") / "assets" / name).read_text("utf-8")
@@ -116,7 +132,7 @@ def report_data(
 def render_html(data: dict) -> str:
     """The report's HTML fragment (its style, a div and its scripts), embeddable in any page."""
     i = data["id"]
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    payload = script_json(data)
     title = html.escape(data["title"])
     notes = "".join(f'<p class="mh-note">{html.escape(n)}</p>' for n in data["notes"])
     return f"""<style>{asset("report.css")}</style>

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer, models
 from torch import nn
 
 from ..models import ENCODER_FAMILIES
+from ..models.text import check_encodable
 from ..modules.lm import CausalLM
 from ..pretrained.affixes import bos_token_id, causal_affixes
 from ..pretrained.encoder import SentenceEncoder
@@ -99,7 +100,7 @@ class Subject(ABC):
         """Token ids with the special tokens around them, the text cut to `limit` tokens
         (default `token_limit()`), special tokens kept."""
         limit = self.token_limit(limit)
-        body = self.tokenizer.encode(text, add_special_tokens=False)
+        body = self.tokenizer.encode(check_encodable(text), add_special_tokens=False)
         room = limit - len(self.prefix) - len(self.suffix)
         total = len(body.ids) + len(self.prefix) + len(self.suffix)
         kept = body.ids[:room]

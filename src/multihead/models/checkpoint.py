@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .spans import first_overlap
+
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
@@ -214,19 +216,20 @@ def _check_tiling(path: Path, offsets: dict[str, tuple[int, int]], data_size: in
     """The format's rule (as `safetensors` enforces it): the tensors' byte spans tile the data
     exactly, in order, with no overlap (two tensors aliasing the same bytes would load as one
     silently), no hole and nothing after the last one."""
-    at, previous = 0, None
+    overlap = first_overlap(offsets)
+    if overlap is not None:
+        a, b = overlap
+        begin, end = offsets[b]
+        raise ValueError(_corrupted(path, f"{b!r} (bytes {begin}..{end}) and {a!r} overlap"))
+    at = 0
     for name, (begin, end) in sorted(offsets.items(), key=lambda kv: (kv[1], kv[0])):
-        if begin < at:
-            raise ValueError(
-                _corrupted(path, f"{name!r} (bytes {begin}..{end}) and {previous!r} overlap")
-            )
         if begin > at:
             raise ValueError(
                 _corrupted(
                     path, f"a hole: bytes {at}..{begin} belong to no tensor (before {name!r})"
                 )
             )
-        at, previous = end, name
+        at = max(at, end)
     if at != data_size:
         raise ValueError(_corrupted(path, f"{data_size - at} bytes after the last tensor"))
 

@@ -146,10 +146,20 @@ def resolve_model(name: str | os.PathLike[str] | None = None) -> ModelSource:
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"model must be a str or a path, got {type(name).__name__}")
     text = os.fspath(name)
+    if not text.strip():  # Path("") is ".": the current directory would be loaded
+        raise ModelNotFoundError(
+            f"model {text!r} is empty; give a model directory, a .gguf file, a packaged model "
+            f"name ({DEFAULT_MODEL!r}) or a Hub id"
+        )
     path = Path(text).expanduser()
     if path.is_dir():
         return ModelSource(text, "directory", path)
     if path.exists():
+        if not path.is_file():  # a named pipe, a socket, a device: opening may block forever
+            raise ModelNotFoundError(
+                f"model {text!r} is not a regular file (nor a directory); give a model "
+                "directory or a .gguf file"
+            )
         if not is_gguf_file(path):
             raise ModelNotFoundError(
                 f"model {text!r} is a file but not a GGUF file; give a model directory "

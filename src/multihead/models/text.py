@@ -181,7 +181,7 @@ class ModelTokenizer:
         `append_eos`: None = as the model was trained (`add_bos` / `add_eos`). `max_length`:
         each text cut on the right to that many ids, its special tokens kept."""
         single = isinstance(texts, str)
-        batch = [texts] if single else _text_list(texts)
+        batch = [check_encodable(texts)] if single else _text_list(texts)
         bos = self.add_bos if prepend_bos is None else bool(prepend_bos)
         eos = self.add_eos if append_eos is None else bool(append_eos)
         if bos and self.bos_id is None:
@@ -269,12 +269,27 @@ def _template(tokenizer: Tokenizer, file: Path) -> tuple[list[int], list[int]]:
     return prefix, suffix
 
 
+def check_encodable(text: str, what: str = "text") -> str:
+    """`text` if it can be written as UTF-8 (what a tokenizer reads); ValueError naming the
+    lone surrogate (a half of a UTF-16 pair, e.g. '\\ud800') that makes it not text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} holds {text[e.start]!r} at index {e.start}, a lone surrogate: not text a "
+            "tokenizer can read (decode its bytes with errors='replace' first)"
+        ) from None
+    return text
+
+
 def _text_list(texts: Any) -> list[str]:
     if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Sequence):
         raise TypeError(f"texts must be a str or a list of str, got {type(texts).__name__}")
     bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
     if bad:
         raise TypeError(f"texts must be a str or a list of str, got an item of type {bad[0]}")
+    for i, t in enumerate(texts):
+        check_encodable(t, f"texts[{i}]")
     return list(texts)
 
 

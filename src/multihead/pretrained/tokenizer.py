@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, normalizers
 
+from ..models.text import check_encodable
+
 
 def read_tokenizer(model_dir: Path) -> Tokenizer:
     """tokenizer.json as it is, its own padding and truncation switched off."""
@@ -46,6 +48,8 @@ def encode_ids(tokenizer: Tokenizer, texts: list[str], max_length: int) -> list[
     """Token ids per text with the tokenizer's special tokens, truncated on the right to
     `max_length` (specials kept), as the tokenizer's own truncation does, without changing
     the tokenizer."""
+    for i, text in enumerate(texts):
+        check_encodable(text, f"texts[{i}]")
     room = max_length - tokenizer.num_special_tokens_to_add(False)
     if room < 0:
         raise ValueError(

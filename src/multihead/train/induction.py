@@ -122,10 +122,12 @@ def train_induction(
     progress: Callable[[int], object] | None = None,
     checkpoint: Path | None = None,
     resume: bool = False,
+    extend: bool = False,
 ) -> InductionRun:
     """Train and measure. `progress(total)` may return a tqdm-like bar (update, set_postfix).
     `checkpoint`: a file written (atomically) after each measurement; `resume`: continue from
-    it (the result equals an uninterrupted run's)."""
+    it (the result equals an uninterrupted run's); `extend`: resume with more `steps` than the
+    checkpoint's run had."""
     start = time.perf_counter()
     task = config.task()
     model = seeded(
@@ -163,7 +165,7 @@ def train_induction(
         progress=progress,
         checkpoint=None
         if checkpoint is None
-        else Checkpointing(checkpoint, dataclasses.asdict(config), resume),
+        else Checkpointing(checkpoint, dataclasses.asdict(config), resume, extend),
         history=CurveHistory(history.steps, history.scores, Scores),
     )
     phase = detect(

@@ -76,7 +76,7 @@ def run_steps(
     start = 0
     if checkpoint is not None and checkpoint.resume:
         assert history is not None
-        start = checkpoints.restore(checkpoint, model, opt, data, history)
+        start = checkpoints.restore(checkpoint, model, opt, data, history, steps=steps)
     bar = progress(steps) if progress is not None else None
     if bar is not None and start:
         bar.update(start)  # type: ignore[attr-defined]

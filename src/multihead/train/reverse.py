@@ -136,6 +136,7 @@ def train_reverse(
     progress: Callable[[int], object] | None = None,
     checkpoint: Path | None = None,
     resume: bool = False,
+    extend: bool = False,
 ) -> ReverseRun:
     """Train and measure; `checkpoint` and `resume` as in `train_induction`."""
     start = time.perf_counter()
@@ -174,7 +175,7 @@ def train_reverse(
         progress=progress,
         checkpoint=None
         if checkpoint is None
-        else Checkpointing(checkpoint, dataclasses.asdict(config), resume),
+        else Checkpointing(checkpoint, dataclasses.asdict(config), resume, extend),
         history=History(run.steps, run.scores, ReverseScores),
     )
     run.seconds = time.perf_counter() - start

@@ -308,16 +308,17 @@
           return desc ? -c : c;
         });
         const cols = ["head", "role", ...names];
-        const cell = (c, x) => typeof x !== "number" ? x : (/_(offset|distance)$/.test(c) ? x.toFixed(0) : x.toFixed(3));
-        const why = (c) => c in undefinedMetric ? ` title="n/a: ${undefinedMetric[c]}"` : "";
-        tableEl.innerHTML = "<thead><tr>" + cols.map((c) => `<th data-k="${c}"${why(c)}>${c}${c === sortKey ? (desc ? " ▼" : " ▲") : ""}</th>`).join("") +
+        const esc = (x) => String(x).replace(/[&<>"']/g, (ch) => `&#${ch.charCodeAt(0)};`);
+        const cell = (c, x) => typeof x !== "number" ? esc(x) : (/_(offset|distance)$/.test(c) ? x.toFixed(0) : x.toFixed(3));
+        const why = (c) => c in undefinedMetric ? ` title="n/a: ${esc(undefinedMetric[c])}"` : "";
+        tableEl.innerHTML = "<thead><tr>" + cols.map((c) => `<th data-k="${esc(c)}"${why(c)}>${esc(c)}${c === sortKey ? (desc ? " ▼" : " ▲") : ""}</th>`).join("") +
           "</tr></thead><tbody>" + shown.map((r) => "<tr>" + cols.map((c) => `<td${why(c)}>${cell(c, r[c])}</td>`).join("") + "</tr>").join("") + "</tbody>";
         tableEl.querySelectorAll("th").forEach((th) => th.addEventListener("click", () => {
           const k = th.dataset.k; desc = sortKey === k ? !desc : typeof rows[0][k] === "number"; sortKey = k; draw();
         }));
       }
       const roles = [...new Set(D.roles.flat(2).map((r) => r.role))].sort();
-      roleSel.innerHTML = `<option value="">all heads</option>` + roles.map((r) => `<option value="${r}">top heads: ${r}</option>`).join("");
+      roleSel.innerHTML = `<option value="">all heads</option>` + roles.map((r) => `<option value="${r.replace(/[&<>"']/g, (ch) => `&#${ch.charCodeAt(0)};`)}">top heads: ${r.replace(/[&<>"']/g, (ch) => `&#${ch.charCodeAt(0)};`)}</option>`).join("");
       roleSel.addEventListener("change", () => {
         const r = roleSel.value;
         if (r) { const rule = D.role_metric[r]; if (rule) { sortKey = rule; desc = true; } }

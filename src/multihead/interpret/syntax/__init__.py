@@ -13,6 +13,7 @@ from .align import AlignmentError
 from .corpus import (
     CorpusError,
     Sentence,
+    check_relations,
     check_tree,
     parse_conllu,
     read_conllu,
@@ -40,6 +41,7 @@ __all__ = [
     "TextSyntax",
     "best_offset",
     "bootstrap_interval",
+    "check_relations",
     "check_tree",
     "encode_sentence",
     "parse_conllu",

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .align import AlignmentError, token_words, word_tokens
-from .corpus import Sentence
+from .corpus import Sentence, check_relations
 from .scoring import DIRECTIONS, RelationScore, predictions, summarize, tally, word_attention
 
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
@@ -82,11 +82,7 @@ def score_attention(
     word_attns = [word_attention(a, g) for a, g in zip(attns, groups, strict=True)]
     tallies, dropped = tally(zip(sentences, word_attns, strict=True), causal)
     if relations is not None:
-        known = sorted({rel for rel, _ in tallies})
-        if not set(relations) & set(known):
-            raise ValueError(
-                f"relations {sorted(relations)} match none in the corpus; it has {known}"
-            )
+        check_relations(relations, [r for s in sentences for r in s.relations])
     rows = summarize(
         tallies, min_count=min_count, relations=relations, resamples=resamples, seed=seed
     )

@@ -27,6 +27,8 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType
 from gguf import GGUFValueType as V
 
+from ..spans import first_overlap
+
 SUPPORTED_VERSIONS = (2, 3)
 _SCALARS = {
     V.UINT8: "B",
@@ -42,6 +44,10 @@ _SCALARS = {
     V.FLOAT64: "d",
 }
 _MAX_DIMS = 8  # ggml's GGML_MAX_DIMS is 4; a larger count is corruption
+# Metadata arrays: the largest real ones are tokenizers' (about 260,000 tokens or merges);
+# llama.cpp reads no nested arrays at all. Past these, a file is corrupt or hostile.
+MAX_ARRAY_ITEMS = 2**24
+MAX_ARRAY_DEPTH = 4
 
 
 @dataclass(frozen=True)
@@ -87,26 +93,47 @@ class _Cursor:
         except UnicodeDecodeError:
             return raw.decode("utf-8", errors="replace")  # llama.cpp writes some invalid tokens
 
-    def value(self, kind: int, key: str) -> Any:
+    def value(self, kind: int, key: str, depth: int = 0) -> Any:
         if kind == V.STRING:
             return self.string()
         if kind == V.ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise self.fail(
+                    f"metadata {key!r} holds arrays nested more than {MAX_ARRAY_DEPTH} deep"
+                )
             item, count = self.take("<I"), self.take("<Q")
-            if count > len(self.data):  # each item takes at least one byte
-                raise self.fail(f"metadata {key!r} claims {count} items")
+            self._check_count(key, item, count)
             if item in _SCALARS:  # one unpack for the whole array
                 fmt = f"<{count}{_SCALARS[V(item)]}"
-                size = struct.calcsize(fmt)
-                if self.pos + size > len(self.data):
-                    raise self.fail(f"truncated (metadata {key!r})")
                 values = list(struct.unpack_from(fmt, self.data, self.pos))
-                self.pos += size
+                self.pos += struct.calcsize(fmt)
                 return values
-            return [self.value(item, key) for _ in range(count)]
+            return [self.value(item, key, depth + 1) for _ in range(count)]
         try:
             return self.take("<" + _SCALARS[V(kind)])
         except (ValueError, KeyError):
             raise self.fail(f"metadata {key!r} has unknown value type {kind}") from None
+
+    def _check_count(self, key: str, item: int, count: int) -> None:
+        """An array's item count against the bytes left (each item's smallest size) and a
+        cap, before a single item is unpacked."""
+        if count > MAX_ARRAY_ITEMS:
+            raise self.fail(
+                f"metadata {key!r} claims {count} items, more than the {MAX_ARRAY_ITEMS} "
+                "a GGUF array may hold here"
+            )
+        if item in _SCALARS:
+            smallest = struct.calcsize("<" + _SCALARS[V(item)])
+        elif item in (V.STRING, V.ARRAY):
+            smallest = 8 if item == V.STRING else 12  # a length; an item type and a count
+        else:
+            raise self.fail(f"metadata {key!r} has unknown item type {item}")
+        left = len(self.data) - self.pos
+        if count * smallest > left:
+            raise self.fail(
+                f"metadata {key!r} claims {count} items of at least {smallest} bytes; "
+                f"{left} bytes are left in the file (truncated or corrupt)"
+            )
 
 
 class GGUFFile:
@@ -152,8 +179,12 @@ class GGUFFile:
             key = c.string()
             self.metadata[key] = c.value(c.take("<I"), key)
         infos = []
+        names: set[str] = set()
         for _ in range(n_tensors):
             name = c.string()
+            if name in names:  # the last one would win silently
+                raise c.fail(f"tensor {name!r} is described twice")
+            names.add(name)
             n_dims = c.take("<I")
             if n_dims > _MAX_DIMS:
                 raise c.fail(f"tensor {name!r} claims {n_dims} dimensions")
@@ -165,7 +196,20 @@ class GGUFFile:
         start = c.pos + (-c.pos % alignment)
         self.tensors: dict[str, GGUFTensor] = {}
         for name, dims, kind, offset in infos:
+            if offset % alignment:
+                raise c.fail(
+                    f"tensor {name!r} starts at data offset {offset}, not a multiple of the "
+                    f"alignment {alignment}"
+                )
             self.tensors[name] = self._tensor(c, name, dims, kind, start + offset, size)
+        spans = {t.name: (t.offset, t.offset + t.nbytes) for t in self.tensors.values()}
+        overlap = first_overlap(spans)
+        if overlap is not None:
+            a, b = overlap
+            raise c.fail(
+                f"tensors {a!r} (bytes {spans[a][0]}..{spans[a][1]}) and {b!r} (bytes "
+                f"{spans[b][0]}..{spans[b][1]}) overlap"
+            )
 
     def _tensor(
         self, c: _Cursor, name: str, dims: list[int], kind: int, offset: int, size: int

@@ -74,7 +74,13 @@ def _byte_level(meta: Metadata, tokens: list[str]) -> Tokenizer:
         vocab.setdefault(token, i)
     merges = meta.values.get("tokenizer.ggml.merges") or []
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    bpe = models.BPE(vocab, pairs, continuing_subword_prefix="", end_of_word_suffix="")
+    try:
+        bpe = models.BPE(vocab, pairs, continuing_subword_prefix="", end_of_word_suffix="")
+    except Exception as e:  # `tokenizers` raises a bare Exception for a merge it refuses
+        raise ValueError(
+            f"{meta.source}: tokenizer.ggml.merges does not fit tokenizer.ggml.tokens "
+            f"(tokenizers refuses it: {e})"
+        ) from None
     tokenizer = Tokenizer(bpe)
     split = _SPLITS.get(meta.values.get("tokenizer.ggml.pre", ""))
     if split is None:
@@ -120,6 +126,28 @@ def check_gguf_tokenizer(meta: Metadata) -> None:
         )
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         raise ValueError(f"{meta.source}: tokenizer.ggml.tokens must be a list of strings")
+    merges = meta.values.get("tokenizer.ggml.merges", [])
+    if not isinstance(merges, list):
+        raise ValueError(f"{meta.source}: tokenizer.ggml.merges must be a list of strings")
+    for i, merge in enumerate(merges):
+        if not isinstance(merge, str) or len(merge.split(" ")) != 2:
+            raise ValueError(
+                f"{meta.source}: tokenizer.ggml.merges[{i}] is {merge!r}; a merge is two "
+                "tokens separated by one space"
+            )
+    types = meta.values.get("tokenizer.ggml.token_type", [])
+    if not isinstance(types, list) or not all(isinstance(t, int) for t in types):
+        raise ValueError(f"{meta.source}: tokenizer.ggml.token_type must be a list of integers")
+    for key, value in sorted(meta.values.items()):
+        # bos, eos, unknown, seperator (llama.cpp's spelling), padding, cls, mask, eot, fim_...
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{meta.source}: {key} must be an integer, got {value!r}")
+            if not 0 <= value < len(tokens):
+                raise ValueError(
+                    f"{meta.source}: {key} is {value}, outside the vocabulary "
+                    f"({len(tokens)} tokens, ids 0 .. {len(tokens) - 1})"
+                )
 
 
 def gguf_tokenizer(meta: Metadata) -> TokenizerParts | None:
@@ -129,9 +157,9 @@ def gguf_tokenizer(meta: Metadata) -> TokenizerParts | None:
         return None
     check_gguf_tokenizer(meta)
 
-    def token_id(key: str) -> int | None:
+    def token_id(key: str) -> int | None:  # checked by check_gguf_tokenizer
         value = meta.values.get(f"tokenizer.ggml.{key}")
-        return value if isinstance(value, int) and 0 <= value < len(tokens) else None
+        return value if isinstance(value, int) else None
 
     add_bos = meta.values.get("tokenizer.ggml.add_bos_token")
     return TokenizerParts(
