@@ -36,19 +36,31 @@ CASES = {
     ),
     "yarn": (
         "llama",
-        {"rope_type": "yarn", "factor": 4.0, "rope_theta": 100.0, "beta_fast": 8.0,
-         "beta_slow": 0.5, "original_max_position_embeddings": ORIGINAL},
-    ),  # fmt: skip
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "rope_theta": 100.0,
+            "beta_fast": 8.0,
+            "beta_slow": 0.5,
+            "original_max_position_embeddings": ORIGINAL,
+        },
+    ),
     "yarn-untruncated-mscale": (
         "llama",
-        {"rope_type": "yarn", "factor": 4.0, "rope_theta": 100.0, "truncate": False,
-         "mscale": 0.8, "mscale_all_dim": 0.3, "original_max_position_embeddings": ORIGINAL},
-    ),  # fmt: skip
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "rope_theta": 100.0,
+            "truncate": False,
+            "mscale": 0.8,
+            "mscale_all_dim": 0.3,
+            "original_max_position_embeddings": ORIGINAL,
+        },
+    ),
     "longrope": (
         "phi3",
-        {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
-         "rope_theta": 100.0},
-    ),  # fmt: skip
+        {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG, "rope_theta": 100.0},
+    ),
     "partial-neox": ("gpt_neox", {"rope_type": "default", "rope_theta": 50.0}),
     "partial-neox-linear": ("gpt_neox", {"rope_type": "linear", "factor": 2.0, "rope_theta": 50.0}),
 }
@@ -186,5 +198,7 @@ def test_longrope_factors_must_cover_the_rotated_width():
     f = Fields({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 3,
                 "long_factor": [1.0] * 3}, "original_max_position_embeddings": 8}, "phi3")  # fmt: skip
     theta, scaling = rope_settings(f, 32)
-    with pytest.raises(ValueError, match="short_factor holds 3 numbers, the rotated width 16 needs 8"):
+    with pytest.raises(
+        ValueError, match="short_factor holds 3 numbers, the rotated width 16 needs 8"
+    ):
         RotaryEmbedding(16, base=theta, scaling=scaling)

@@ -49,7 +49,9 @@ def _merge(f: Fields) -> tuple[dict, str]:
     scaling, parameters = f.config.get("rope_scaling"), f.config.get("rope_parameters")
     for key, value in (("rope_scaling", scaling), ("rope_parameters", parameters)):
         if value is not None and not isinstance(value, dict):
-            raise ValueError(f"config.json ({f.model_type}): {key} must be an object, got {value!r}")
+            raise ValueError(
+                f"config.json ({f.model_type}): {key} must be an object, got {value!r}"
+            )
     scaling, parameters = dict(scaling or {}), dict(parameters or {})
     for spelling in (scaling, parameters):  # "type" is transformers 4's name of rope_type
         if "type" in spelling and "rope_type" not in spelling:
@@ -92,10 +94,8 @@ def rotary_fraction(f: Fields, default: float = 1.0) -> float:
         if v is not None
     }
     if len(set(values.values())) > 1:
-        raise ValueError(
-            f"config.json ({f.model_type}): {' and '.join(f'{k} {v!r}' for k, v in values.items())} "
-            "disagree"
-        )
+        both = " and ".join(f"{k} {v!r}" for k, v in values.items())
+        raise ValueError(f"config.json ({f.model_type}): {both} disagree")
     if not values:
         return default
     value = next(iter(values.values()))
@@ -184,7 +184,9 @@ def rope_settings(
         factor = max_positions / original if factor is None else factor
         truncate = params.get("truncate", True)
         if not isinstance(truncate, bool):
-            raise ValueError(f"config.json ({f.model_type}): {where}.truncate must be true or false")
+            raise ValueError(
+                f"config.json ({f.model_type}): {where}.truncate must be true or false"
+            )
         return theta, RopeScaling(
             "yarn",
             factor,

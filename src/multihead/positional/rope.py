@@ -43,6 +43,7 @@ __all__ = [
     "yarn_scaled_frequencies",
 ]
 
+
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype=torch.float32) -> tuple[Tensor, Tensor]:
     """cos, sin of shape (*positions.shape, D) for integer (or fractional) positions."""
     angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device)  # (..., D/2)

@@ -207,7 +207,8 @@ def scaled_rope_frequencies(
     inv_freq = rope_frequencies(head_dim, base)
     scaling.check_width(head_dim)
     if scaling.kind in ("longrope", "factors"):
-        divisors = scaling.long_factor if long and scaling.kind == "longrope" else scaling.short_factor
+        use_long = long and scaling.kind == "longrope"
+        divisors = scaling.long_factor if use_long else scaling.short_factor
         return inv_freq / torch.tensor(divisors, dtype=torch.float64)
     if scaling.kind == "linear":
         return linear_scaled_frequencies(inv_freq, scaling.factor)

@@ -15,6 +15,8 @@ from ..rope_config import rope_settings
 
 # model_type -> (num_key_value_heads default (None: num_attention_heads), max_position_embeddings)
 DEFAULTS = {"llama": (None, 2048), "mistral": (8, 4096 * 32), "qwen2": (32, 32768)}
+
+
 def _qwen2_windows(f: Fields, num_layers: int) -> tuple[int | None, tuple[int, ...]]:
     """Qwen2: (window, layers without it). transformers 5: the window applies only with
     use_sliding_window, on the layers layer_types marks "sliding_attention", by default those
