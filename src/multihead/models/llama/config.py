@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from ...modules.lm import LMConfig
 from ..fields import Fields
-from ..rope_config import rope_settings
+from ..rope_config import rope_settings, rotary_fraction
 
 # model_type -> (num_key_value_heads default (None: num_attention_heads), max_position_embeddings)
-DEFAULTS = {"llama": (None, 2048), "mistral": (8, 4096 * 32), "qwen2": (32, 32768)}
+DEFAULTS = {
+    "llama": (None, 2048),
+    "mistral": (8, 4096 * 32),
+    "qwen2": (32, 32768),
+    "phi3": (None, 4096),
+}
+PARTIAL_ROTARY = ("phi3",)  # families whose RoPE may rotate part of each head
 
 
 def _qwen2_windows(f: Fields, num_layers: int) -> tuple[int | None, tuple[int, ...]]:
@@ -68,14 +74,21 @@ def llama_family_config(config: dict) -> LMConfig:
     if head_dim % 2:
         raise ValueError(f"config.json ({model_type}): RoPE needs an even head_dim, got {head_dim}")
     max_positions = f.int("max_position_embeddings", positions_default)
-    theta, scaling = rope_settings(f, max_positions)
+    partial = model_type in PARTIAL_ROTARY
+    theta, scaling = rope_settings(f, max_positions, partial=partial)
+    rotary = int(head_dim * rotary_fraction(f)) if partial else head_dim
+    if rotary < 2 or rotary % 2:
+        raise ValueError(
+            f"config.json ({model_type}): partial_rotary_factor rotates {rotary} of head size "
+            f"{head_dim}; RoPE needs an even number, at least 2"
+        )
     window: int | None = None
     full: tuple[int, ...] = ()
     qkv_bias = out_bias = mlp_bias = False
     if model_type == "llama":
         qkv_bias = out_bias = f.flag("attention_bias", False)
         mlp_bias = f.flag("mlp_bias", False)
-    elif model_type == "mistral":
+    elif model_type in ("mistral", "phi3"):  # phi3: its fused q|k|v and gate|up, see view.py
         window = f.int("sliding_window", None)
     else:  # qwen2: q/k/v biases, none on the output projection or the MLP
         qkv_bias = True
@@ -105,4 +118,5 @@ def llama_family_config(config: dict) -> LMConfig:
         out_bias=out_bias,
         mlp_bias=mlp_bias,
         attn_dropout=f.probability("attention_dropout"),
+        rotary_dim=None if rotary == head_dim else rotary,
     )
