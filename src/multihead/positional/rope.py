@@ -140,6 +140,7 @@ class RotaryEmbedding(PositionScheme):
             inv_freq = dynamic_ntk_frequencies(self.rotary_dim, self.base, self.scaling, seq_len)
         elif self.long_inv_freq is not None:
             original = self.scaling.original_max_positions
+            assert original is not None  # checked by RopeScaling
             inv_freq = torch.where(seq_len > original, self.long_inv_freq, inv_freq)
         return inv_freq
 

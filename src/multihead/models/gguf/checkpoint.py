@@ -115,8 +115,8 @@ class GGUFCheckpoint(Checkpoint):
         if layout.qkv_heads:
             H = layout.qkv_heads
             # (3 * H * D, ...) -> (3, H, D, ...) -> (H, 3, D, ...) -> (H * 3 * D, ...)
-            rows = values.reshape(3, H, values.shape[0] // (3 * H), *values.shape[1:])
-            values = rows.transpose(0, 1).reshape(values.shape)
+            blocks = values.reshape(3, H, values.shape[0] // (3 * H), *values.shape[1:])
+            values = blocks.transpose(0, 1).reshape(values.shape)
         if layout.transpose and values.dim() == 2:
             values = values.t()
         if out is None:
