@@ -29,7 +29,7 @@ ELECTRA = Family(
         "generator_lm_head.",
         "classifier.",
         "qa_outputs.",
-    ),  # fmt: skip
+    ),
 )
 
 __all__ = ["ELECTRA", "electra_config"]
