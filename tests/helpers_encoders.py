@@ -139,6 +139,13 @@ KINDS = {
         dict(max_position_embeddings=40),
     ),
     "mpnet": ("MPNetConfig", "MPNetModel", "wordpiece-mpnet", dict(max_position_embeddings=40)),
+    # embeddings narrower than the stream: embeddings_project maps 16 -> 24
+    "electra": (
+        "ElectraConfig",
+        "ElectraModel",
+        "wordpiece",
+        dict(max_position_embeddings=40, embedding_size=16),
+    ),
 }
 
 
@@ -155,7 +162,7 @@ def save_encoder(directory: Path, model_type: str, *, seed: int = 0, **overrides
         sizes = dict(dim=24, n_layers=2, n_heads=3, hidden_dim=40)
     config = getattr(transformers, config_cls)(vocab_size=vocab, **sizes, **(extra | overrides))
     torch.manual_seed(seed)
-    kwargs = {} if model_type == "distilbert" else {"add_pooling_layer": False}
+    kwargs = {} if model_type in ("distilbert", "electra") else {"add_pooling_layer": False}
     model = getattr(transformers, model_cls)(config, **kwargs)
     with torch.no_grad():  # every weight random, biases and norms included (init zeros / ones)
         for key, p in model.named_parameters():

@@ -53,6 +53,19 @@ CASES: dict[str, tuple[str, dict]] = {
             }
         ),
     ),
+    "llama-yarn": (
+        "llama",
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 100.0,  # small, so the ramp between kept and divided is wide
+                "factor": 4.0,
+                "beta_fast": 8.0,
+                "beta_slow": 0.5,
+                "original_max_position_embeddings": 8,  # the tests run 13..21 positions
+            }
+        ),
+    ),
     "mistral-window": ("mistral", dict(sliding_window=5, head_dim=16)),
     "qwen2": ("qwen2", {}),
     "qwen2-window": (

@@ -127,7 +127,7 @@ def test_numeric_fields_out_of_range_named(dirs, tmp_path, name, field, value, f
     ],
 )
 def test_rope_scaling_ranges_named(dirs, tmp_path, scaling, fragment):
-    path = altered(dirs, tmp_path, "llama", rope_scaling=scaling)
+    path = altered(dirs, tmp_path, "llama", rope_scaling=scaling, rope_parameters=None)
     with pytest.raises(ValueError, match=fragment):
         load_causal_lm(path)
 

@@ -1,4 +1,4 @@
-"""RoBERTa, XLM-RoBERTa and DistilBERT checkpoints written by transformers (random weights,
+"""RoBERTa, XLM-RoBERTa, DistilBERT, MPNet and ELECTRA checkpoints written by transformers (random weights,
 trained tokenizer.json) against transformers (hidden states, attention weights) and against
 sentence-transformers (embeddings with mean, CLS, max pooling and Normalize)."""
 
@@ -39,7 +39,7 @@ def test_hidden_states_and_weights_match_transformers(saved, model_type):
     path, hf = saved(model_type)
     enc = load_encoder(path / "model")
     assert not enc.training and enc.model.config.position_style == (
-        "bert" if model_type == "distilbert" else "roberta"
+        "bert" if model_type in ("distilbert", "electra") else "roberta"
     )
     ids = enc.tokenize(SENTENCES[:4])
     assert len({len(x) for x in ids}) == 4  # padding in every row but the longest

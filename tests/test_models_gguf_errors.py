@@ -65,7 +65,11 @@ def test_unsupported_architecture_is_named(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    refused(path, "unsupported architecture 'falcon'", "'llama', 'mistral', 'qwen2', 'gpt2'")
+    refused(
+        path,
+        "unsupported architecture 'falcon'",
+        "'llama', 'mistral', 'qwen2', 'phi3', 'gpt2', 'gptneox'",
+    )
 
 
 def test_quantisation_type_gguf_cannot_dequantise_is_named(tmp_path):
@@ -111,10 +115,12 @@ def test_metadata_asking_for_more_layers_than_the_file_has(tmp_path):
     refused(path, "layers.1")
 
 
-def test_sentencepiece_tokenizer_is_refused_by_name(tmp_path):
+def test_sentencepiece_tokenizer_without_scores_and_unknown_models_are_refused_by_name(tmp_path):
     path = tmp_path / "t.gguf"
-    write_gguf(path, "llama", "F32", tokenizer="llama")
-    refused(path, "tokenizer.ggml.model 'llama' is not supported", "byte-level BPE")
+    write_gguf(path, "llama", "F32", tokenizer="llama")  # no tokenizer.ggml.scores
+    refused(path, "tokenizer.ggml.scores must list one value per token (96), got None")
+    write_gguf(path, "llama", "F32", tokenizer="t5")
+    refused(path, "tokenizer.ggml.model 't5' is not supported", "SentencePiece ('llama')")
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ FEATURES = {
     "llama-theta-linear": [{"rope_theta": 10000.0}, {"rope_scaling": None}],
     "llama-dynamic": [{"rope_scaling": None, "max_positions": 64}],
     "llama3": [{"rope_scaling": None}],
+    "llama-yarn": [{"rope_scaling": None}],
     "mistral-window": [{"sliding_window": None}],
     "qwen2-window": [{"sliding_window": None}, {"full_attention_layers": ()}],
 }

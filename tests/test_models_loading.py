@@ -110,8 +110,8 @@ def test_transformers_4_rope_spelling(tmp_path):
     ("change", "message"),
     [
         (
-            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
-            "RoPE type 'yarn' is not supported",
+            {"rope_parameters": {"rope_type": "proportional", "factor": 4.0, "rope_theta": 1e4}},
+            r"config.json \(llama\): rope_parameters.rope_type 'proportional' is not supported",
         ),
         (
             {
@@ -121,7 +121,7 @@ def test_transformers_4_rope_spelling(tmp_path):
                     "short_factor": [1.0],
                 }
             },
-            "short_factor are not supported",
+            "long_factor must be a list of positive numbers",
         ),
         ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, r"lacks factor"),
         (

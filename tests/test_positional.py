@@ -155,7 +155,7 @@ def test_rope_scaling_is_validated():
     from multihead.positional import RopeScaling
 
     with pytest.raises(ValueError, match="kind must be one of"):
-        RopeScaling("yarn", 2.0)
+        RopeScaling("ntk-by-parts", 2.0)
     with pytest.raises(ValueError, match=r"factor must be a number >= 1, got 0\.5"):
         RopeScaling("linear", 0.5)
     with pytest.raises(ValueError, match="dynamic RoPE scaling needs original_max_positions"):

@@ -10,6 +10,7 @@ import torch
 from .bert import BERT, BertEncoder
 from .checkpoint import open_checkpoint, read_json
 from .distilbert import DISTILBERT
+from .electra import ELECTRA
 from .fields import unsupported_architecture
 from .loading import Family, load_model
 from .mpnet import MPNET
@@ -18,6 +19,7 @@ from .roberta import ROBERTA
 ENCODER_FAMILIES: dict[str, Family] = {
     "bert": BERT,
     "distilbert": DISTILBERT,
+    "electra": ELECTRA,
     "mpnet": MPNET,
     "roberta": ROBERTA,
     "xlm-roberta": ROBERTA,

@@ -45,6 +45,8 @@ class Family:
     ignored: tuple[str, ...] = ()  # checkpoint keys not ours (prefixes; '.x' = suffixes)
     tied: Callable[[Any], dict[str, str]] = field(default=lambda config: {})  # alias -> key
     finish: Callable[[nn.Module], None] | None = None  # after the weights are in
+    # fused tensors presented as the parts the key map reads (see view.py)
+    view: Callable[[Checkpoint, Any], Checkpoint] | None = None
 
 
 def check_dtype_and_device(dtype: object, device: torch.device | str | None) -> torch.device:
@@ -176,6 +178,8 @@ def load_model(
     """The family's model, built from `raw_config` and filled from `checkpoint`, in eval mode."""
     place = check_dtype_and_device(dtype, device)
     config = family.read_config(raw_config)
+    if family.view is not None:
+        checkpoint = family.view(checkpoint, config)
     names: dict[str, str] = {}  # key-map spelling -> checkpoint key
     for key in checkpoint.infos:
         renamed = family.rename(key)

@@ -2,6 +2,8 @@
 
 post-norm (BERT):  x = norm1(x + drop(attn(x)));  x = norm2(x + drop(ffn(x)))
 pre-norm (GPT-2):  x = x + drop(attn(norm1(x)));  x = x + drop(ffn(norm2(x)))
+parallel (GPT-NeoX's use_parallel_residual): x = x + drop(attn(norm1(x))) + drop(ffn(norm2(x)))
+  with both branches reading the block's input (hook_resid_mid is then x + attention branch)
 With cross-attention (a decoder layer), a third branch attends to the encoder memory between
 the two: norm_cross / cross_attn.
 
@@ -112,6 +114,7 @@ class TransformerBlock(nn.Module):
         qkv_bias: bool | None = None,
         out_bias: bool | None = None,
         mlp_bias: bool | None = None,
+        parallel: bool = False,
         device=None,
         dtype=None,
     ) -> None:
@@ -121,10 +124,13 @@ class TransformerBlock(nn.Module):
         equals hook_resid_mid). `norm`: "layernorm" or "rmsnorm".
         `head_dim`: per-head width of self-attention (default dim // num_heads). `qkv_bias`,
         `out_bias`, `mlp_bias`: biases of the q/k/v projection, the attention's output
-        projection and the MLP, each defaulting to `bias` (Qwen2: q/k/v only)."""
+        projection and the MLP, each defaulting to `bias` (Qwen2: q/k/v only). `parallel`: the
+        MLP reads the block's input, not the stream after attention (pre-norm only)."""
         super().__init__()
+        if parallel and not norm_first:
+            raise ValueError("parallel attention and MLP branches need norm_first=True")
         factory = {"device": device, "dtype": dtype}
-        self.norm_first = norm_first
+        self.norm_first, self.parallel = norm_first, parallel
         qkv_bias = bias if qkv_bias is None else qkv_bias
         out_bias = bias if out_bias is None else out_bias
         mlp_bias = bias if mlp_bias is None else mlp_bias
@@ -212,6 +218,7 @@ class TransformerBlock(nn.Module):
         hooks = hooks_for(self)
         if hooks is not None:
             x = hooks("hook_resid_pre", x)
+        block_input = x  # what the MLP reads in a parallel block
         weights = None
         structure = _given(
             window=window,
@@ -265,7 +272,8 @@ class TransformerBlock(nn.Module):
                     "hook_resid_mid_cross",
                 )
             if self.ffn is not None and self.norm2 is not None:
-                m = self.dropout(self.ffn(self.norm2(x) if self.norm_first else x))
+                h = block_input if self.parallel else x
+                m = self.dropout(self.ffn(self.norm2(h) if self.norm_first else h))
                 x = self._add(x, m, self.norm2, hooks, "hook_mlp_out", "hook_resid_post")
             elif hooks is not None:  # attention-only: the stream passes on unchanged
                 x = hooks("hook_resid_post", x)
@@ -306,7 +314,8 @@ def make_blocks(
     """`config.num_layers` TransformerBlocks from a model config (StackConfig, LMConfig): the
     fields dim, num_heads, ffn_dim (None: 4 * dim), num_kv_heads, norm, norm_eps, mlp,
     activation, bias, dropout, and norm_first unless given; when the config has them, head_dim,
-    qkv_bias, out_bias, mlp_bias, attn_dropout (None: dropout) and attention_only (no MLP).
+    qkv_bias, out_bias, mlp_bias, attn_dropout (None: dropout), attention_only (no MLP) and
+    parallel_residual.
     `position` makes each layer's position module (RoPE/ALiBi)."""
     attn_dropout = getattr(config, "attn_dropout", None)
     return nn.ModuleList(
@@ -330,6 +339,7 @@ def make_blocks(
             qkv_bias=getattr(config, "qkv_bias", None),
             out_bias=getattr(config, "out_bias", None),
             mlp_bias=getattr(config, "mlp_bias", None),
+            parallel=getattr(config, "parallel_residual", False),
             device=device,
             dtype=dtype,
         )

@@ -59,6 +59,8 @@ class LMConfig:
     mlp_bias: bool | None = None  # None: `bias`
     attn_dropout: float | None = None  # on attention probabilities; None: `dropout`
     attention_only: bool = False  # blocks without an MLP (mlp is then ignored)
+    parallel_residual: bool = False  # attention and MLP both read the block input (GPT-NeoX)
+    rotary_dim: int | None = None  # leading values of each head RoPE rotates; None: all
 
     def positions_bounded(self) -> bool:
         """Whether positions past `max_positions` are refused: a learned table ends there, and
@@ -117,6 +119,7 @@ class CausalLM(ModelWeights, nn.Module):
                 config.head_dim or C // H,
                 base=config.rope_theta,
                 scaling=config.rope_scaling,
+                rotary_dim=config.rotary_dim,
             )
             if config.position == "rope"
             else None

@@ -14,6 +14,7 @@ from .rope import (
     rope_cos_sin,
     rope_frequencies,
     scaled_rope_frequencies,
+    yarn_scaled_frequencies,
 )
 from .scheme import PositionScheme
 
@@ -37,4 +38,5 @@ __all__ = [
     "rope_frequencies",
     "scaled_rope_frequencies",
     "sinusoidal_positions",
+    "yarn_scaled_frequencies",
 ]

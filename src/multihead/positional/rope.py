@@ -6,125 +6,42 @@ Shapes: x (B, H, T, D); positions (T,) or (B, T); cos/sin broadcast to x; invers
 (D/2,).
 
 Scaling (how checkpoints stretch RoPE past their training length, as Hugging Face's
-`rope_scaling` types): "linear" (position interpolation, Chen et al. 2023: frequencies / factor),
-"dynamic" (NTK-aware: the base grows with the sequence length once it passes the trained
-length) and "llama3" (low frequencies / factor, high ones kept, a smooth ramp between). None of
-the three rescales the attention (the attention factor of YaRN / LongRoPE), so none is needed.
+`rope_scaling` types): see rope_scaling.py. Partial rotary (GPT-NeoX's rotary_pct, Phi's
+partial_rotary_factor): only the first `rotary_dim` values of each head rotate, the rest pass.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from .rope_scaling import (
+    SCALING_KINDS,
+    RopeScaling,
+    _check_head_dim,
+    _finite_number,
+    dynamic_ntk_frequencies,
+    linear_scaled_frequencies,
+    llama3_scaled_frequencies,
+    rope_frequencies,
+    scaled_rope_frequencies,
+    yarn_scaled_frequencies,
+)
 from .scheme import PositionScheme
 
-SCALING_KINDS = ("linear", "dynamic", "llama3")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """A RoPE scaling rule. `original_max_positions`: for "dynamic" the length past which the
-    base grows (Hugging Face: max_position_embeddings), for "llama3" the pretraining length
-    (original_max_position_embeddings). `low_freq_factor`, `high_freq_factor`: llama3 only."""
-
-    kind: str
-    factor: float
-    original_max_positions: int | None = None
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in SCALING_KINDS:
-            raise ValueError(f"RoPE scaling kind must be one of {SCALING_KINDS}, got {self.kind!r}")
-        if not _finite_number(self.factor) or self.factor < 1:
-            raise ValueError(f"RoPE scaling factor must be a number >= 1, got {self.factor!r}")
-        if self.kind in ("dynamic", "llama3"):
-            n = self.original_max_positions
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(
-                    f"{self.kind} RoPE scaling needs original_max_positions, a positive int, "
-                    f"got {n!r}"
-                )
-        if self.kind == "llama3":
-            low, high = self.low_freq_factor, self.high_freq_factor
-            if not (_finite_number(low) and _finite_number(high) and 0 < low < high):
-                raise ValueError(
-                    "llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got "
-                    f"{low!r} and {high!r}"
-                )
-
-
-def _finite_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _check_head_dim(head_dim: int) -> None:
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
-        raise ValueError(f"RoPE needs a positive, even head_dim, got {head_dim!r}")
-
-
-def rope_frequencies(head_dim: int, base: float = 10000.0) -> Tensor:
-    """(D/2,) inverse frequencies base^(-2i/D)."""
-    _check_head_dim(head_dim)
-    return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-
-
-def linear_scaled_frequencies(inv_freq: Tensor, factor: float) -> Tensor:
-    """Position interpolation: every frequency / factor (positions squeezed by `factor`)."""
-    return inv_freq / factor
-
-
-def llama3_scaled_frequencies(inv_freq: Tensor, scaling: RopeScaling) -> Tensor:
-    """Llama 3.1: wavelengths longer than original / low_freq_factor are divided by `factor`,
-    those shorter than original / high_freq_factor kept, and the band between interpolated
-    linearly in original / wavelength."""
-    assert scaling.original_max_positions is not None  # checked by RopeScaling
-    original = scaling.original_max_positions
-    low, high = scaling.low_freq_factor, scaling.high_freq_factor
-    wavelength = 2 * math.pi / inv_freq
-    slow = inv_freq / scaling.factor
-    ramp = (original / wavelength - low) / (high - low)  # 0 at the slow end, 1 at the fast end
-    smooth = (1 - ramp) * slow + ramp * inv_freq
-    out = torch.where(wavelength > original / low, slow, inv_freq)
-    between = (wavelength >= original / high) & (wavelength <= original / low)
-    return torch.where(between, smooth, out)
-
-
-def dynamic_ntk_frequencies(
-    head_dim: int, base: float, scaling: RopeScaling, seq_len: Tensor | int
-) -> Tensor:
-    """(D/2,) float64 inverse frequencies of dynamic NTK scaling for sequences of `seq_len`
-    tokens: base * (factor * L / original - (factor - 1)) ** (D / (D - 2)), L = max(seq_len,
-    original), so nothing changes up to the trained length. `seq_len` may be a 0-d tensor (no
-    Python branch on its value: traceable)."""
-    _check_head_dim(head_dim)
-    if head_dim < 4:
-        raise ValueError(f"dynamic RoPE scaling needs head_dim >= 4, got {head_dim}")
-    assert scaling.original_max_positions is not None  # checked by RopeScaling
-    original = scaling.original_max_positions
-    length = torch.as_tensor(seq_len, dtype=torch.float64).clamp(min=original)
-    grown = base * (scaling.factor * length / original - (scaling.factor - 1)) ** (
-        head_dim / (head_dim - 2)
-    )
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=length.device) / head_dim
-    return 1.0 / grown**exponents
-
-
-def scaled_rope_frequencies(
-    head_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None
-) -> Tensor:
-    """(D/2,) inverse frequencies after `scaling` (None: plain RoPE). For "dynamic", those of
-    sequences up to the trained length, i.e. plain RoPE."""
-    inv_freq = rope_frequencies(head_dim, base)
-    if scaling is None or scaling.kind == "dynamic":
-        return inv_freq
-    if scaling.kind == "linear":
-        return linear_scaled_frequencies(inv_freq, scaling.factor)
-    return llama3_scaled_frequencies(inv_freq, scaling)
+__all__ = [
+    "SCALING_KINDS",
+    "RopeScaling",
+    "RotaryEmbedding",
+    "apply_rope",
+    "dynamic_ntk_frequencies",
+    "linear_scaled_frequencies",
+    "llama3_scaled_frequencies",
+    "rope_cos_sin",
+    "rope_frequencies",
+    "scaled_rope_frequencies",
+    "yarn_scaled_frequencies",
+]
 
 
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype=torch.float32) -> tuple[Tensor, Tensor]:
@@ -151,9 +68,13 @@ class RotaryEmbedding(PositionScheme):
     (fp32 angles, as Hugging Face and torchtitan do): no table to outgrow, nothing read from
     tensor values, so it traces; negative positions are refused by the module's input checks.
 
-    `scaling`: a `RopeScaling`. "linear" and "llama3" change the frequencies once; "dynamic"
-    computes them per call from the call's largest position (as Hugging Face does), so keys
-    cached while decoding keep the rotation they were computed with.
+    `scaling`: a `RopeScaling`. "linear", "llama3", "yarn" and "factors" change the frequencies
+    once; "dynamic" computes them per call from the call's largest position, and "longrope"
+    picks its short or long factors from it (as Hugging Face does), so keys cached while
+    decoding keep the rotation they were computed with. "yarn" and "longrope" also multiply
+    cos/sin by their attention factor.
+    `rotary_dim`: how many leading values of each head rotate (default all of `head_dim`; an
+    even number); the others pass unchanged (GPT-NeoX's partial rotary).
     """
 
     uses_positions = True
@@ -165,6 +86,7 @@ class RotaryEmbedding(PositionScheme):
         base: float = 10000.0,
         max_positions: int = 2048,
         scaling: RopeScaling | None = None,
+        rotary_dim: int | None = None,
     ) -> None:
         """`max_positions` is kept for compatibility; nothing is preallocated any more."""
         super().__init__()
@@ -172,17 +94,35 @@ class RotaryEmbedding(PositionScheme):
             raise TypeError(f"scaling must be a RopeScaling or None, got {type(scaling).__name__}")
         if not _finite_number(base) or base <= 1:
             raise ValueError(f"RoPE base must be a number > 1, got {base!r}")
-        self.head_dim, self.base, self.scaling = head_dim, base, scaling
+        _check_head_dim(head_dim)
+        rotary = head_dim if rotary_dim is None else rotary_dim
+        if (
+            isinstance(rotary, bool)
+            or not isinstance(rotary, int)
+            or not 0 < rotary <= head_dim
+            or rotary % 2
+        ):
+            raise ValueError(
+                f"rotary_dim must be an even int in 2 .. head_dim {head_dim}, got {rotary_dim!r}"
+            )
+        self.head_dim, self.base, self.scaling, self.rotary_dim = head_dim, base, scaling, rotary
+        self.attention_scale = 1.0 if scaling is None else scaling.attention_scale
         self.inv_freq: Tensor
-        inv_freq = scaled_rope_frequencies(head_dim, base, scaling)
+        inv_freq = scaled_rope_frequencies(rotary, base, scaling)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.long_inv_freq: Tensor | None
+        long = None
+        if scaling is not None and scaling.kind == "longrope":
+            long = scaled_rope_frequencies(rotary, base, scaling, long=True).float()
+        self.register_buffer("long_inv_freq", long, persistent=False)
 
     @property
     def dynamic(self) -> bool:
         return self.scaling is not None and self.scaling.kind == "dynamic"
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base}, scaling={self.scaling}"
+        partial = "" if self.rotary_dim == self.head_dim else f", rotary_dim={self.rotary_dim}"
+        return f"head_dim={self.head_dim}, base={self.base}, scaling={self.scaling}{partial}"
 
     def check(self, num_heads: int, head_dim: int) -> None:
         if head_dim != self.head_dim:
@@ -190,16 +130,29 @@ class RotaryEmbedding(PositionScheme):
                 f"RotaryEmbedding head_dim {self.head_dim} != the attention's head_dim {head_dim}"
             )
 
-    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos, sin of shape (*positions.shape, D)."""
+    def frequencies(self, positions: Tensor) -> Tensor:
+        """(rotary_dim/2,) inverse frequencies this call's positions rotate by."""
         inv_freq = self.inv_freq
-        if self.dynamic and positions.numel():
-            assert self.scaling is not None
-            seq_len = positions.max() + 1  # a 0-d tensor: no host sync
-            inv_freq = dynamic_ntk_frequencies(self.head_dim, self.base, self.scaling, seq_len)
+        if self.scaling is None or not positions.numel():
+            return inv_freq
+        seq_len = positions.max() + 1  # a 0-d tensor: no host sync
+        if self.dynamic:
+            inv_freq = dynamic_ntk_frequencies(self.rotary_dim, self.base, self.scaling, seq_len)
+        elif self.long_inv_freq is not None:
+            original = self.scaling.original_max_positions
+            assert original is not None  # checked by RopeScaling
+            inv_freq = torch.where(seq_len > original, self.long_inv_freq, inv_freq)
+        return inv_freq
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin of shape (*positions.shape, rotary_dim), times the attention factor."""
+        inv_freq = self.frequencies(positions)
         angles = positions.float()[..., None] * inv_freq.float().to(positions.device)  # (..., D/2)
         angles = torch.cat([angles, angles], dim=-1)  # (..., D)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_scale != 1.0:
+            cos, sin = cos * self.attention_scale, sin * self.attention_scale
+        return cos.to(dtype), sin.to(dtype)
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q (B, H, T, D), k (B, Hkv, T, D); positions (T,) or (B, T) of those T tokens."""
@@ -208,7 +161,14 @@ class RotaryEmbedding(PositionScheme):
                 f"q head_dim {q.shape[-1]} != RotaryEmbedding head_dim {self.head_dim}"
             )
         cos, sin = self.cos_sin(positions, q.dtype)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        r = self.rotary_dim
+        if r == self.head_dim:
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # (B, H, T, D) -> rotated (..., :r) and passed (..., r:) parts
+        return (
+            torch.cat([apply_rope(q[..., :r], cos, sin), q[..., r:]], dim=-1),
+            torch.cat([apply_rope(k[..., :r], cos, sin), k[..., r:]], dim=-1),
+        )
 
     def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         return self.rotate(q, k, positions)

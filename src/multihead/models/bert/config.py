@@ -30,6 +30,7 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     position_style: str = "bert"
+    embedding_size: int | None = None  # ELECTRA: embeddings this wide, projected to hidden_size
 
     def __post_init__(self) -> None:
         if self.position_style not in POSITION_STYLES:

@@ -10,7 +10,12 @@ from .config import BertConfig
 def bert_key_map(config: BertConfig) -> list[Rule]:
     """BERT's names, which RoBERTa and XLM-R share."""
     layer = "encoder.layer.{i}"
+    width = config.embedding_size or config.hidden_size
+    project = (
+        pair("embeddings_project", "embeddings_project") if width != config.hidden_size else []
+    )
     return [
+        *project,
         *Rule.same("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight"),
         *Rule.same("embeddings.token_type_embeddings.weight"),
         *pair("embeddings.norm", "embeddings.LayerNorm"),

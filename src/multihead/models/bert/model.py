@@ -53,7 +53,7 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig, device=None, dtype=None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        C = config.hidden_size
+        C = config.embedding_size or config.hidden_size
         self.config = config
         self.word_embeddings = nn.Embedding(
             config.vocab_size, C, padding_idx=config.pad_token_id, **factory
@@ -134,6 +134,13 @@ class BertEncoder(ModelWeights, nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config, device=device, dtype=dtype)
+        # ELECTRA: embeddings narrower than the stream, projected up (None: the same width)
+        width = config.embedding_size or config.hidden_size
+        self.embeddings_project = (
+            nn.Linear(width, config.hidden_size, device=device, dtype=dtype)
+            if width != config.hidden_size
+            else None
+        )
         self.layers = nn.ModuleList(
             TransformerBlock(
                 config.hidden_size,
@@ -197,6 +204,8 @@ class BertEncoder(ModelWeights, nn.Module):
                 f"{tuple(input_ids.shape)}"
             )
         x = self.embeddings(input_ids, token_type_ids)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         weights = []
         for layer in self.layers:
             if return_weights:
@@ -229,6 +238,8 @@ class BertEncoder(ModelWeights, nn.Module):
                 f"{tuple(input_ids.shape)}"
             )
         x = self.embeddings(input_ids, token_type_ids, packed)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         for layer in self.layers:
             x = layer(x, lengths=packed)
         return EncoderOutput(x, None)

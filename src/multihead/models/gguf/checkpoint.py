@@ -28,10 +28,13 @@ _CHUNK_BYTES = 2**20  # stored bytes dequantised at a time (Q4_1: ~7 MB of float
 @dataclass(frozen=True)
 class Layout:
     """How a stored tensor becomes the Hugging Face one: `heads` > 0 undoes llama.cpp's
-    rotary row permutation for that many heads; `transpose` swaps a matrix's two axes."""
+    rotary row permutation for that many heads; `transpose` swaps a matrix's two axes;
+    `qkv_heads` > 0 turns q | k | v row blocks into that many heads' [q, k, v] rows
+    (GPT-NeoX's query_key_value)."""
 
     heads: int = 0
     transpose: bool = False
+    qkv_heads: int = 0
 
 
 # GGUF tensor name -> (Hugging Face key, layout), or None for a tensor that is not a weight
@@ -70,6 +73,11 @@ class GGUFCheckpoint(Checkpoint):
             shape = tensor.shape
             if layout.transpose and len(shape) == 2:
                 shape = (shape[1], shape[0])
+            if layout.qkv_heads and shape[0] % (3 * layout.qkv_heads):
+                raise ValueError(
+                    f"{str(file.path)!r}: tensor {tensor.name!r} has {shape[0]} rows, not q, k "
+                    f"and v of {layout.qkv_heads} heads"
+                )
             if layout.heads and shape[0] % (2 * layout.heads):
                 raise ValueError(
                     f"{str(file.path)!r}: tensor {tensor.name!r} has {shape[0]} rows, not a "
@@ -91,7 +99,8 @@ class GGUFCheckpoint(Checkpoint):
 
     def read(self, name: str, out: Tensor | None = None) -> Tensor:
         tensor, layout = self._sources[name]
-        if out is not None and not layout.heads and not layout.transpose and tensor.shape:
+        plain = not (layout.heads or layout.transpose or layout.qkv_heads)
+        if out is not None and plain and tensor.shape:
             # rows are stored one after another: dequantise a bounded run of rows at a time
             # into `out`, so the float32 temporary of an embedding matrix is never whole
             rows = tensor.shape[0]
@@ -103,6 +112,11 @@ class GGUFCheckpoint(Checkpoint):
         values = self._values(tensor, 0, tensor.shape[0] if tensor.shape else 1)
         if layout.heads:
             values = unpermute_rows(values, layout.heads)
+        if layout.qkv_heads:
+            H = layout.qkv_heads
+            # (3 * H * D, ...) -> (3, H, D, ...) -> (H, 3, D, ...) -> (H * 3 * D, ...)
+            blocks = values.reshape(3, H, values.shape[0] // (3 * H), *values.shape[1:])
+            values = blocks.transpose(0, 1).reshape(values.shape)
         if layout.transpose and values.dim() == 2:
             values = values.t()
         if out is None:

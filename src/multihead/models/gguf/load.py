@@ -15,9 +15,10 @@ import torch
 
 from ..families import CAUSAL_LM_FAMILIES
 from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
-from ..llama.gguf import llama_gguf_config, llama_gguf_names
+from ..gpt_neox.gguf import gpt_neox_gguf_config, gpt_neox_gguf_names
+from ..llama.gguf import ROPE_TENSORS, llama_gguf_config, llama_gguf_names
 from ..lm import CausalLM
-from .checkpoint import GGUFCheckpoint, GGUFNames
+from .checkpoint import GGUFCheckpoint, GGUFNames, Layout
 from .metadata import Metadata
 from .reader import GGUFFile
 from .tokenizer import TokenizerParts, gguf_tokenizer
@@ -34,7 +35,9 @@ GGUF_ARCHITECTURES: dict[
     "llama": (llama_gguf_config, llama_gguf_names),
     "mistral": (llama_gguf_config, llama_gguf_names),
     "qwen2": (llama_gguf_config, llama_gguf_names),
+    "phi3": (llama_gguf_config, llama_gguf_names),
     "gpt2": (gpt2_gguf_config, gpt2_gguf_names),
+    "gptneox": (gpt_neox_gguf_config, gpt_neox_gguf_names),
 }
 
 
@@ -49,10 +52,41 @@ def read_gguf(path: str | Path) -> tuple[GGUFFile, Metadata, dict]:
             f"loads GGUF architectures {', '.join(map(repr, GGUF_ARCHITECTURES))}"
         )
     config = GGUF_ARCHITECTURES[arch][0](meta, set(file.tensors))
+    _rope_factors(file, meta, config)
     embedding = file.tensors.get("token_embd.weight")
     if config.get("vocab_size") is None and embedding is not None:  # no vocab_size, no tokens
         config["vocab_size"] = embedding.shape[0]
     return file, meta, config
+
+
+def _rope_factors(file: GGUFFile, meta: Metadata, config: dict) -> None:
+    """RoPE factors llama.cpp stores as tensors, into the config: Llama 3.1's rope_freqs (what
+    each frequency is divided by, computed by the converter from the llama3 rope_scaling) and
+    Phi-3's rope_factors_long / _short (longrope, with rope.scaling.attn_factor)."""
+    present = [name for name in ROPE_TENSORS if name in file.tensors]
+    if not present:
+        return
+    reader = GGUFCheckpoint(file, lambda name: (name, Layout()) if name in present else None)
+    values = {name: [float(v) for v in reader.read(name).reshape(-1)] for name in present}
+    if "rope_freqs.weight" in values:
+        if "rope_scaling" in config:
+            raise ValueError(
+                f"{meta.source}: both rope_freqs.weight and {meta.arch}.rope.scaling.type; "
+                "a file carries one RoPE scaling"
+            )
+        config["rope_scaling"] = {"rope_type": "default", "rope_freqs": values["rope_freqs.weight"]}
+        return
+    if len(values) != 2:
+        raise ValueError(
+            f"{meta.source}: {present[0]} without its pair (longrope needs both "
+            "rope_factors_long.weight and rope_factors_short.weight)"
+        )
+    config["rope_scaling"] = {
+        "rope_type": "longrope",
+        "long_factor": values["rope_factors_long.weight"],
+        "short_factor": values["rope_factors_short.weight"],
+        "attention_factor": meta.get("rope.scaling.attn_factor", None, kind=float),
+    }
 
 
 def load_gguf_causal_lm(

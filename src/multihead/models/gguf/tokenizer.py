@@ -4,8 +4,9 @@
 vocabulary and merges as stored, GPT-2's byte-level pre-tokenizer (or the split regex that
 `tokenizer.ggml.pre` names), control tokens (token_type 3) added as special tokens and
 user-defined ones (4) as added tokens, so they stay whole. This is what transformers builds
-from the same metadata; the tests compare ids on unicode, spaces and newlines.
-SentencePiece vocabularies ("llama") are refused by name.
+from the same metadata; the tests compare ids on unicode, spaces and newlines, and on
+llama.cpp's own vocabulary test files (models/ggml-vocab-*.gguf with .inp / .out).
+SentencePiece vocabularies ("llama": Llama 2, Mistral, Phi-3, Gemma): see tokenizer_spm.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functools import lru_cache
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from .metadata import Metadata
+from .tokenizer_spm import spm_tokenizer
 
 _CONTROL, _USER_DEFINED = 3, 4
 _LLAMA3_SPLIT = (
@@ -26,7 +28,9 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# tokenizer.ggml.pre -> the regex its merges were learned with (others: GPT-2's)
+_DIGITS_THEN_GPT2 = "digits"  # every digit alone, then GPT-2's split (StarCoder, SmolLM)
+# tokenizer.ggml.pre -> the regex its merges were learned with (others, e.g. gpt-2, phi-2,
+# mpt, olmo, default: GPT-2's)
 _SPLITS = {
     "llama3": _LLAMA3_SPLIT,
     "llama-v3": _LLAMA3_SPLIT,
@@ -35,7 +39,15 @@ _SPLITS = {
     "dbrx": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "stablelm2": _QWEN2_SPLIT,
+    "starcoder": _DIGITS_THEN_GPT2,
+    "refact": _DIGITS_THEN_GPT2,
+    "smollm": _DIGITS_THEN_GPT2,
 }
+# pre-tokenizers whose words found whole in the vocabulary skip the merges (llama.cpp's
+# ignore_merges; Llama 3's tokenizer.json says "ignore_merges": true)
+_WHOLE_WORDS = ("llama3", "llama-v3", "llama-bpe")
+MODELS = ("gpt2", "llama")  # tokenizer.ggml.model: byte-level BPE, SentencePiece
 
 
 @dataclass(frozen=True)
@@ -67,24 +79,41 @@ def _byte_level(meta: Metadata, tokens: list[str]) -> Tokenizer:
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
     # a token spelled outside the byte alphabet is respelled from its UTF-8 bytes
+    types = meta.values.get("tokenizer.ggml.token_type") or []
     vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         if not set(token) <= alphabet:
+            if i < len(types) and types[i] == _USER_DEFINED:  # added as spelt (MPT's "  ")
+                vocab.setdefault(token, i)
             token = "".join(spelling[b] for b in token.encode("utf-8"))
         vocab.setdefault(token, i)
     merges = meta.values.get("tokenizer.ggml.merges") or []
     pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pre = meta.values.get("tokenizer.ggml.pre", "")
     try:
-        bpe = models.BPE(vocab, pairs, continuing_subword_prefix="", end_of_word_suffix="")
+        bpe = models.BPE(
+            vocab,
+            pairs,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            ignore_merges=pre in _WHOLE_WORDS,
+        )
     except Exception as e:  # `tokenizers` raises a bare Exception for a merge it refuses
         raise ValueError(
             f"{meta.source}: tokenizer.ggml.merges does not fit tokenizer.ggml.tokens "
             f"(tokenizers refuses it: {e})"
         ) from None
     tokenizer = Tokenizer(bpe)
-    split = _SPLITS.get(meta.values.get("tokenizer.ggml.pre", ""))
+    split = _SPLITS.get(pre)
     if split is None:
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif split == _DIGITS_THEN_GPT2:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     else:
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -93,7 +122,6 @@ def _byte_level(meta: Metadata, tokens: list[str]) -> Tokenizer:
             ]
         )
     tokenizer.decoder = decoders.ByteLevel()
-    types = meta.values.get("tokenizer.ggml.token_type") or []
     control = [
         AddedToken(t, normalized=False, special=True)
         for t, kind in zip(tokens, types, strict=False)
@@ -118,11 +146,10 @@ def check_gguf_tokenizer(meta: Metadata) -> None:
     if tokens is None:
         raise ValueError(f"{meta.source} carries no tokenizer (tokenizer.ggml.tokens)")
     kind = meta.values.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in MODELS:
         raise ValueError(
             f"{meta.source}: tokenizer.ggml.model {kind!r} is not supported; multihead rebuilds "
-            "byte-level BPE tokenizers ('gpt2') from GGUF files (SentencePiece 'llama' "
-            "vocabularies are not supported yet)"
+            "byte-level BPE ('gpt2') and SentencePiece ('llama') tokenizers from GGUF files"
         )
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         raise ValueError(f"{meta.source}: tokenizer.ggml.tokens must be a list of strings")
@@ -162,11 +189,14 @@ def gguf_tokenizer(meta: Metadata) -> TokenizerParts | None:
         return value if isinstance(value, int) else None
 
     add_bos = meta.values.get("tokenizer.ggml.add_bos_token")
+    spm = meta.values.get("tokenizer.ggml.model") == "llama"
+    if not isinstance(add_bos, bool):  # llama.cpp's default: SentencePiece vocabularies add it
+        add_bos = spm
     return TokenizerParts(
-        tokenizer=_byte_level(meta, tokens),
+        tokenizer=spm_tokenizer(meta, tokens) if spm else _byte_level(meta, tokens),
         bos_id=token_id("bos_token_id"),
         eos_id=token_id("eos_token_id"),
         pad_id=token_id("padding_token_id"),
-        add_bos=bool(add_bos) if isinstance(add_bos, bool) else False,
+        add_bos=add_bos,
         name=str(meta.values.get("general.name", "")),
     )

@@ -4,7 +4,8 @@ reader, key map, family."""
 from ..decoder import finish_causal_lm, tied_head
 from ..lm import CausalLM
 from ..loading import Family
-from .config import llama_family_config, rope_settings
+from ..rope_config import rope_settings
+from .config import llama_family_config
 from .keymap import LLAMA_IGNORED, llama_key_map, llama_rename
 
 LLAMA = Family(
