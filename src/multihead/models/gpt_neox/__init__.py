@@ -1,8 +1,8 @@
 """GPT-NeoX (Pythia; Hugging Face GPTNeoXForCausalLM) as a multihead CausalLM: config reader,
 key map (with the view that unfuses query_key_value), GGUF names, family."""
 
-from ...modules.lm import CausalLM
 from ..decoder import finish_causal_lm, tied_head
+from ..lm import CausalLM
 from ..loading import Family
 from .config import gpt_neox_config
 from .keymap import GPT_NEOX_IGNORED, gpt_neox_key_map, gpt_neox_rename, gpt_neox_view

@@ -2,10 +2,10 @@
 over a view that unfuses qkv_proj and gate_up_proj; its config (longrope scaling, partial
 rotary, the sliding window) read by the Llama family's reader; GGUF names in gguf.py."""
 
-from ...modules.lm import CausalLM
 from ..decoder import finish_causal_lm, tied_head
 from ..llama.config import llama_family_config
 from ..llama.keymap import LLAMA_IGNORED, llama_key_map, llama_rename
+from ..lm import CausalLM
 from ..loading import Family
 from .view import phi3_view
 
