@@ -12,6 +12,10 @@ Conventions as TransformerLens' (so code carries over): `svd()` returns (U, S, V
 M = U @ diag(S) @ Vh.T (note the transpose: Vh holds the right singular vectors as columns,
 torch.svd's V, not torch.linalg.svd's Vh); `norm()` is the Frobenius norm; `eigenvalues` are
 those of M (complex), computed from the small B @ A.
+
+Dtypes: A and B are floating-point (or complex) tensors of one dtype; integer or boolean factors
+are a TypeError, not converted: eigenvalues, SVD and norms have no integer form, and a silent
+cast would hide which precision the caller meant (pass `A.float()`).
 """
 
 from __future__ import annotations

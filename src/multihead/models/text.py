@@ -181,7 +181,7 @@ class ModelTokenizer:
         `append_eos`: None = as the model was trained (`add_bos` / `add_eos`). `max_length`:
         each text cut on the right to that many ids, its special tokens kept."""
         single = isinstance(texts, str)
-        batch = [check_encodable(texts)] if single else _text_list(texts)
+        batch = [check_encodable(texts)] if isinstance(texts, str) else _text_list(texts)
         bos = self.add_bos if prepend_bos is None else bool(prepend_bos)
         eos = self.add_eos if append_eos is None else bool(append_eos)
         if bos and self.bos_id is None:

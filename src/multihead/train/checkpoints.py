@@ -230,12 +230,14 @@ def _check_optimizer(
 def _check_history(
     steps: object, scores: object, step: int, score_type: type, bad: Callable[[str], Exception]
 ) -> None:
-    ok = isinstance(steps, list) and all(
-        isinstance(s, int) and not isinstance(s, bool) for s in steps
-    )
-    if not ok or steps != sorted(set(steps)) or (steps and steps[-1] != step):  # type: ignore[index]
+    if not (
+        isinstance(steps, list)
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+        and steps == sorted(set(steps))
+        and (not steps or steps[-1] == step)
+    ):
         raise bad(f"holds measured steps {steps!r}, not rising to its step {step}")
-    if not isinstance(scores, list) or len(scores) != len(steps):  # type: ignore[arg-type]
+    if not isinstance(scores, list) or len(scores) != len(steps):
         raise bad("holds a different number of measurements and measured steps")
     names = {f.name for f in dataclasses.fields(score_type)}
     for s in scores:
