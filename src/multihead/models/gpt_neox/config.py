@@ -41,6 +41,11 @@ def gpt_neox_config(config: dict) -> LMConfig:
             f"{heads}"
         )
     head_dim = dim // heads
+    # keys of other families that would change the computation: a config mixing families
+    f.refuse("num_key_value_heads", lambda v: v == heads, "GPT-NeoX has one k/v per query head")
+    f.refuse("head_dim", lambda v: v == head_dim, "GPT-NeoX's head size is hidden_size / heads")
+    f.refuse("rms_norm_eps", lambda v: False, "GPT-NeoX uses LayerNorm (layer_norm_eps)")
+    f.refuse("sliding_window", lambda v: v is None, "GPT-NeoX attends to every earlier token")
     fraction = rotary_fraction(f, default=0.25)  # transformers' default rotary_pct
     rotary = int(head_dim * fraction)
     if rotary < 2 or rotary % 2:

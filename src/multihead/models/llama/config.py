@@ -48,6 +48,9 @@ def llama_family_config(config: dict) -> LMConfig:
     f = Fields(config, model_type)
     f.refuse("quantization_config", lambda v: not v, "quantized weights are not supported")
     f.choice("hidden_act", "silu", ("silu", "swish"))  # SwiGLU's gate
+    # GPT-NeoX's keys in a config of this family: a config mixing families
+    f.refuse("use_parallel_residual", lambda v: not v, "parallel attention and MLP (GPT-NeoX)")
+    f.refuse("rotary_pct", lambda v: v == 1, "GPT-NeoX's rotary_pct (here: partial_rotary_factor)")
     dim, heads, layers = (
         f.int("hidden_size"),
         f.int("num_attention_heads"),
