@@ -50,7 +50,13 @@ def load_bridged(
             "architecture has no native multihead family"
         )
     folder = Path(resolved.path)
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, KeyError) as e:  # a model_type transformers does not know
+        raise BridgeError(
+            f"{str(folder / 'config.json')!r}: unsupported architecture: it is neither a "
+            f"native multihead family nor a model transformers can build ({e})"
+        ) from None
     cls = model_class(config)
     if not cls._can_set_attn_implementation():
         raise BridgeError(

@@ -111,7 +111,6 @@ class BridgedModel(nn.Module):
             causal=not bool(getattr(hf.config, "is_encoder_decoder", False)),
         )
         self.is_encoder_decoder = bool(getattr(hf.config, "is_encoder_decoder", False))
-        self.norm_f = None if self.is_encoder_decoder else final_norm(hf, stacks[-1].path)
 
     # -- the protocol the interpret toolkit reads -------------------------------------------
 
@@ -119,6 +118,11 @@ class BridgedModel(nn.Module):
     def layers(self) -> nn.ModuleList:
         """The (last) stack's layers: a decoder's blocks (hook names blocks.{i})."""
         return self.hf.get_submodule(self._stacks[-1].path)
+
+    @property
+    def norm_f(self) -> nn.Module | None:
+        """The final norm of a decoder-only model (None for an encoder-decoder)."""
+        return None if self.is_encoder_decoder else final_norm(self.hf, self._stacks[-1].path)
 
     @property
     def blocks(self) -> nn.ModuleList:

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules.lm import CausalLM
 from ..table import format_table
 from .hooks import act_name, run_with_cache, unwrap
 
@@ -52,6 +51,17 @@ class LensResult:
         return self.table()
 
 
+def is_lens_model(model: nn.Module) -> bool:
+    """A causal LM as the lens reads it: `layers` (blocks.{i}.hook_resid_post), a final norm
+    `norm_f` and `logits(h)` (a `CausalLM`, or a bridged transformers causal LM)."""
+    return (
+        isinstance(getattr(model, "layers", None), nn.ModuleList)
+        and isinstance(getattr(model, "norm_f", None), nn.Module)
+        and callable(getattr(model, "logits", None))
+        and getattr(getattr(model, "config", None), "causal", True) is not False
+    )
+
+
 def logit_lens(
     model: nn.Module,
     input_ids: Tensor,
@@ -68,7 +78,7 @@ def logit_lens(
     block.
     """
     lm = unwrap(model)
-    if not isinstance(lm, CausalLM):
+    if not is_lens_model(lm):
         raise TypeError(f"the logit lens reads a CausalLM's blocks, got {type(lm).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
