@@ -113,3 +113,32 @@ def tiny_t5(*, seed: int = 0, attn: str = "eager") -> Any:
     return transformers.T5ForConditionalGeneration._from_config(
         config, attn_implementation=attn
     ).eval()
+
+
+WORDS = [f"w{i}" for i in range(92)]  # ids 4..95 after the four special tokens
+
+
+def tiny_tokenizer() -> Any:
+    """A word-level transformers tokenizer over the tiny models' 96 ids: <pad> 0, <s> 1 (BOS,
+    put first), </s> 2, <unk> 3, then w0 .. w91."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        unk_token="<unk>",
+    )  # fmt: skip
+
+
+def save_tiny(path: Any, name: str = "starcoder2") -> Any:
+    """A saved tiny checkpoint (config.json, model.safetensors) with its tokenizer files."""
+    model = tiny(name)
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path

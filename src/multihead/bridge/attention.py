@@ -62,6 +62,21 @@ PASS_THROUGH = frozenset(
 VARLEN = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
+def _weights_wanted(kwargs: dict[str, Any]) -> bool:
+    """Whether the caller asked transformers for attention weights (`output_attentions=True`):
+    transformers 5 collects them from the attention modules' outputs while its output
+    collector (a ContextVar) lists an "*attentions" key; older code passes the flag."""
+    if kwargs.get("output_attentions"):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+
+        collected = _active_collector.get()
+    except (ImportError, LookupError, AttributeError):
+        return False
+    return bool(collected) and any(str(k).endswith("attentions") for k in collected)
+
+
 def register() -> None:
     """Register "multihead" with transformers' attention and mask interfaces (idempotent)."""
     from transformers import AttentionInterface
@@ -195,7 +210,7 @@ def bridge_attention(
     if s_aux is not None:
         key, value, mask, bias = _with_sinks(key, value, mask, bias, s_aux, causal, window, tq)
         causal, window = False, None  # now in the dense mask
-    want_weights = bool(kwargs.get("output_attentions"))
+    want_weights = _weights_wanted(kwargs)
     call = make_call(
         query,
         key,
