@@ -203,3 +203,12 @@ def test_wrapping_leaves_the_weights_and_state_dict(llama):
     fresh = tiny("llama")
     assert set(llama.state_dict()) == {f"hf.{k}" for k in fresh.state_dict()}
     copy.deepcopy(llama)  # a bridged model can be copied
+
+
+def test_bench_bridge_prints_its_table(capsys):
+    from multihead.cli import main
+
+    argv = ["bench", "bridge", "--dim", "32", "--layers", "1", "--heads", "4", "--tokens", "8"]
+    assert main([*argv, "--repeats", "1", "--arch", "qwen2"]) == 0
+    out = capsys.readouterr().out
+    assert "bridged/sdpa" in out and "qwen2" in out

@@ -1,0 +1,110 @@
+"""`multihead bench bridge`: a transformers model's forward through the bridge (multihead's
+attention inside transformers' modules, hooks off) vs the same model on transformers' own sdpa
+attention, side by side in one process.
+
+For each architecture, two copies of one randomly initialised transformers model: "sdpa"
+(`attn_implementation="sdpa"`, transformers' default) and "bridged" (`multihead.wrap`). Both run
+the same input under `torch.no_grad()` in eval mode, round-robin in a fresh random order each
+round (`bench.timing.measure_rounds`); the ratio is the median over rounds of bridged / sdpa,
+each pair from the same round (the machine is shared: its load moves between rounds). The
+outputs are checked to agree before timing.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Any
+
+import torch
+
+from ..table import format_table
+from .timing import environment, measure_rounds, median_ratio
+
+# architecture -> (config class, model class, extra config); sizes are `_config`'s
+ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"num_key_value_heads": 2}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"num_key_value_heads": 2}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"num_key_value_heads": 2}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"num_key_value_heads": 2}),
+}
+DEFAULT = ("llama", "gpt_neox")
+
+
+def _model(arch: str, dim: int, layers: int, heads: int, seed: int = 0) -> Any:
+    import transformers
+
+    config_name, model_name, extra = ARCHITECTURES[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        hidden_size=dim,
+        intermediate_size=dim * 8 // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        max_position_embeddings=4096,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model_cls = getattr(transformers, model_name)
+    return model_cls._from_config(config, attn_implementation="sdpa").eval()
+
+
+def run(
+    archs: tuple[str, ...] = DEFAULT,
+    *,
+    dim: int = 256,
+    layers: int = 4,
+    heads: int = 8,
+    tokens: int = 256,
+    batch: int = 1,
+    repeats: int = 9,
+) -> str:
+    from ..bridge import wrap
+
+    unknown = [a for a in archs if a not in ARCHITECTURES]
+    if unknown:
+        raise ValueError(f"unknown architecture {unknown[0]!r}; known: {', '.join(ARCHITECTURES)}")
+    rows = []
+    for arch in archs:
+        sdpa = _model(arch, dim, layers, heads)
+        bridged = wrap(copy.deepcopy(sdpa))
+        ids = torch.randint(0, 2048, (batch, tokens), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            want = sdpa(ids, use_cache=False).logits
+            got = bridged(ids)
+        gap = float((want - got).abs().max())
+        if gap > 1e-3:
+            raise RuntimeError(f"{arch}: bridged and sdpa logits differ by {gap:.2e}")
+
+        def plain() -> None:
+            with torch.no_grad():
+                sdpa(ids, use_cache=False)
+
+        def through() -> None:
+            with torch.no_grad():
+                bridged(ids)
+
+        samples = measure_rounds({"sdpa": plain, "bridged": through}, repeats=repeats)
+        ratio = median_ratio(samples["bridged"], samples["sdpa"])
+        rows.append(
+            [
+                arch,
+                f"{statistics.median(samples['sdpa']) * 1e3:.2f}",
+                f"{statistics.median(samples['bridged']) * 1e3:.2f}",
+                f"{ratio:.3f}x",
+                f"{gap:.1e}",
+            ]
+        )
+    env = environment()
+    head = (
+        f"bridged forward vs transformers' sdpa forward (hooks off): B={batch} T={tokens}, "
+        f"hidden {dim}, {layers} layers, {heads} heads; medians of {repeats} rounds\n"
+        + ", ".join(f"{k} {v}" for k, v in env.items())
+    )
+    table = format_table(["model", "sdpa ms", "bridged ms", "bridged/sdpa", "max |diff|"], rows)
+    return head + "\n" + table
