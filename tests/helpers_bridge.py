@@ -43,20 +43,37 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma2": (
         "Gemma2Config",
         "Gemma2ForCausalLM",
-        {**GQA, "head_dim": 8, "sliding_window": 4, "attn_logit_softcapping": 5.0,
-         "final_logit_softcapping": 3.0, "query_pre_attn_scalar": 6},
+        {
+            **GQA,
+            "head_dim": 8,
+            "sliding_window": 4,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+            "query_pre_attn_scalar": 6,
+        },
     ),
     "gemma3": (
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
-        {**GQA, "head_dim": 8, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+        {
+            **GQA,
+            "head_dim": 8,
+            "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
     ),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {**GQA, "sliding_window": 4}),
     "gpt_oss": (
         "GptOssConfig",
         "GptOssForCausalLM",
-        {**GQA, "head_dim": 8, "sliding_window": 4, "num_local_experts": 4,
-         "num_experts_per_tok": 2, "layer_types": ["sliding_attention", "full_attention"]},
+        {
+            **GQA,
+            "head_dim": 8,
+            "sliding_window": 4,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
     ),
     "mixtral": (
         "MixtralConfig",
@@ -66,14 +83,24 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2_moe": (
         "Qwen2MoeConfig",
         "Qwen2MoeForCausalLM",
-        {**GQA, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-         "shared_expert_intermediate_size": 16},
+        {
+            **GQA,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 16,
+        },
     ),
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
-        {**GQA, "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
-         "moe_intermediate_size": 16},
+        {
+            **GQA,
+            "head_dim": 8,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+        },
     ),
 }
 
@@ -106,8 +133,15 @@ def tiny_t5(*, seed: int = 0, attn: str = "eager") -> Any:
     import transformers
 
     config = transformers.T5Config(
-        vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
-        num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0,
+        vocab_size=96,
+        d_model=32,
+        d_kv=8,
+        d_ff=48,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
     )
     torch.manual_seed(seed)
     return transformers.T5ForConditionalGeneration._from_config(
@@ -127,9 +161,7 @@ def tiny_tokenizer() -> Any:
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", *WORDS])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", 1)]
-    )
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
         unk_token="<unk>",

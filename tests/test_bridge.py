@@ -12,10 +12,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers_bridge import ARCHITECTURES, tiny, tiny_t5  # noqa: E402
-
-from multihead.bridge import wrap  # noqa: E402
-from multihead.interpret import run_with_cache, run_with_hooks  # noqa: E402
+from helpers_bridge import ARCHITECTURES, tiny, tiny_t5
+from multihead.bridge import wrap
+from multihead.interpret import run_with_cache, run_with_hooks
 
 B, T, PAD = 2, 9, 3  # row 1 is left-padded by PAD tokens
 ATOL = 1e-5
@@ -47,7 +46,7 @@ def pair(request):
 
 
 def test_logits_equal_transformers_eager(pair):
-    name, ref, bridged = pair
+    _, ref, bridged = pair
     ids, mask = _inputs()
     with torch.no_grad():
         expected = ref(ids, attention_mask=mask).logits
@@ -74,7 +73,7 @@ def test_patterns_equal_output_attentions(pair):
 
 
 def test_zeroing_a_heads_z_is_zeroing_its_slice_of_the_output_projection(pair):
-    name, ref, bridged = pair
+    _, ref, bridged = pair
     ids, mask = _inputs()
     layer, head = 1, 2
     attn = bridged.attention(layer)

@@ -11,9 +11,8 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from helpers_bridge import UNREGISTERED, tiny  # noqa: E402
-
-from multihead.bridge import BridgeError, bridge_attention, wrap  # noqa: E402
+from helpers_bridge import UNREGISTERED, tiny
+from multihead.bridge import BridgeError, bridge_attention, wrap
 
 
 def untouched(model: nn.Module, implementation: str) -> None:
@@ -45,7 +44,9 @@ def test_wrapped_twice():
 def test_another_attention_implementation_chosen_by_the_user():
     model = tiny("llama")
     model.config._attn_implementation_internal = "flex_attention"
-    with pytest.raises(ValueError, match="LlamaForCausalLM's config sets attn_implementation='flex"):
+    with pytest.raises(
+        ValueError, match="LlamaForCausalLM's config sets attn_implementation='flex"
+    ):
         wrap(model)
 
 

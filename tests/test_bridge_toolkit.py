@@ -12,11 +12,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers_bridge import save_tiny, tiny, tiny_tokenizer  # noqa: E402
-
-import multihead  # noqa: E402
-from multihead.bridge import BridgedModel, wrap  # noqa: E402
-from multihead.interpret import (  # noqa: E402
+import multihead
+from helpers_bridge import save_tiny, tiny, tiny_tokenizer
+from multihead.bridge import BridgedModel, wrap
+from multihead.interpret import (
     ablate,
     attribution_patch,
     capture,
@@ -69,8 +68,12 @@ def test_cache_shapes_and_the_stream_adds_up(llama):
     assert cache["z", 0].shape == (1, 7, 4, 8)
     torch.testing.assert_close(cache["hook_logits"], logits)
     for i in range(2):  # a Llama block: resid_pre + attn_out = resid_mid; + mlp_out = resid_post
-        torch.testing.assert_close(cache["resid_pre", i] + cache["attn_out", i], cache["resid_mid", i])
-        torch.testing.assert_close(cache["resid_mid", i] + cache["mlp_out", i], cache["resid_post", i])
+        torch.testing.assert_close(
+            cache["resid_pre", i] + cache["attn_out", i], cache["resid_mid", i]
+        )
+        torch.testing.assert_close(
+            cache["resid_mid", i] + cache["mlp_out", i], cache["resid_post", i]
+        )
     torch.testing.assert_close(cache["resid_post", 0], cache["resid_pre", 1])
     # hook_result: each head's share of the output projection, summing to hook_attn_out
     torch.testing.assert_close(result["result", 0].sum(2), cache["attn_out", 0], atol=1e-5, rtol=0)
@@ -98,7 +101,9 @@ def test_replacing_result_equals_replacing_z(llama):
 
 def test_resid_mid_is_read_only_and_says_so(llama):
     with pytest.raises(ValueError, match="hook_resid_mid of a bridged model can be read"):
-        run_with_hooks(llama, ids_of(2), fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, n: x * 2)])
+        run_with_hooks(
+            llama, ids_of(2), fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, n: x * 2)]
+        )
 
 
 def test_patching_and_attribution_patching(llama):

@@ -54,6 +54,41 @@ def _model(arch: str, dim: int, layers: int, heads: int, seed: int = 0) -> Any:
     return model_cls._from_config(config, attn_implementation="sdpa").eval()
 
 
+def _row(
+    arch: str, dim: int, layers: int, heads: int, tokens: int, batch: int, repeats: int
+) -> list[str]:
+    """One architecture timed: its table row."""
+    from ..bridge import wrap
+
+    sdpa = _model(arch, dim, layers, heads)
+    bridged = wrap(copy.deepcopy(sdpa))
+    ids = torch.randint(0, 2048, (batch, tokens), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = sdpa(ids, use_cache=False).logits
+        got = bridged(ids)
+    gap = float((want - got).abs().max())
+    if gap > 1e-3:
+        raise RuntimeError(f"{arch}: bridged and sdpa logits differ by {gap:.2e}")
+
+    def plain() -> None:
+        with torch.no_grad():
+            sdpa(ids, use_cache=False)
+
+    def through() -> None:
+        with torch.no_grad():
+            bridged(ids)
+
+    samples = measure_rounds({"sdpa": plain, "bridged": through}, repeats=repeats)
+    ratio = median_ratio(samples["bridged"], samples["sdpa"])
+    return [
+        arch,
+        f"{statistics.median(samples['sdpa']) * 1e3:.2f}",
+        f"{statistics.median(samples['bridged']) * 1e3:.2f}",
+        f"{ratio:.3f}x",
+        f"{gap:.1e}",
+    ]
+
+
 def run(
     archs: tuple[str, ...] = DEFAULT,
     *,
@@ -64,42 +99,10 @@ def run(
     batch: int = 1,
     repeats: int = 9,
 ) -> str:
-    from ..bridge import wrap
-
     unknown = [a for a in archs if a not in ARCHITECTURES]
     if unknown:
         raise ValueError(f"unknown architecture {unknown[0]!r}; known: {', '.join(ARCHITECTURES)}")
-    rows = []
-    for arch in archs:
-        sdpa = _model(arch, dim, layers, heads)
-        bridged = wrap(copy.deepcopy(sdpa))
-        ids = torch.randint(0, 2048, (batch, tokens), generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            want = sdpa(ids, use_cache=False).logits
-            got = bridged(ids)
-        gap = float((want - got).abs().max())
-        if gap > 1e-3:
-            raise RuntimeError(f"{arch}: bridged and sdpa logits differ by {gap:.2e}")
-
-        def plain() -> None:
-            with torch.no_grad():
-                sdpa(ids, use_cache=False)
-
-        def through() -> None:
-            with torch.no_grad():
-                bridged(ids)
-
-        samples = measure_rounds({"sdpa": plain, "bridged": through}, repeats=repeats)
-        ratio = median_ratio(samples["bridged"], samples["sdpa"])
-        rows.append(
-            [
-                arch,
-                f"{statistics.median(samples['sdpa']) * 1e3:.2f}",
-                f"{statistics.median(samples['bridged']) * 1e3:.2f}",
-                f"{ratio:.3f}x",
-                f"{gap:.1e}",
-            ]
-        )
+    rows = [_row(arch, dim, layers, heads, tokens, batch, repeats) for arch in archs]
     env = environment()
     head = (
         f"bridged forward vs transformers' sdpa forward (hooks off): B={batch} T={tokens}, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -104,7 +105,7 @@ def _find_mid(
     return None  # one norm feeds both branches: a parallel block (Phi, Cohere)
 
 
-def _uses_registry(cls: type) -> bool:
+def _uses_registry(cls: Any) -> bool:
     try:
         return REGISTRY_CALL in inspect.getsource(cls.forward)
     except (OSError, TypeError):

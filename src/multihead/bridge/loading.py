@@ -15,7 +15,7 @@ from .model import BridgedModel, wrap
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def model_class(config: Any) -> type:
+def model_class(config: Any) -> Any:
     """transformers' causal-LM class for `config`, else its seq2seq-LM class; BridgeError
     naming the model_type when it has neither."""
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM

@@ -92,9 +92,9 @@ class BridgedModel(nn.Module):
     hook_alias: ClassVar[dict[str, str]] = {"hf": ""}
     hook_order = ("hook_embed", "hf", "hook_logits")
 
-    def __init__(self, hf: nn.Module, stacks: list[Stack], tokenizer: Any = None) -> None:
+    def __init__(self, hf: Any, stacks: list[Stack], tokenizer: Any = None) -> None:
         super().__init__()
-        self.hf = hf
+        self.hf: Any = hf  # a transformers PreTrainedModel
         self.tokenizer = tokenizer
         self._stacks = stacks
         text = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
@@ -117,7 +117,9 @@ class BridgedModel(nn.Module):
     @property
     def layers(self) -> nn.ModuleList:
         """The (last) stack's layers: a decoder's blocks (hook names blocks.{i})."""
-        return self.hf.get_submodule(self._stacks[-1].path)
+        layers = self.hf.get_submodule(self._stacks[-1].path)
+        assert isinstance(layers, nn.ModuleList)  # as discover found it
+        return layers
 
     @property
     def norm_f(self) -> nn.Module | None:
@@ -192,9 +194,7 @@ class BridgedModel(nn.Module):
         texts = [input] if isinstance(input, str) else list(input)
         if not _is_text(texts):
             raise TypeError(f"input must be a str or a list of str, got {type(input).__name__}")
-        rows = [
-            tok(t, add_special_tokens=prepend_bos is not False)["input_ids"] for t in texts
-        ]
+        rows = [tok(t, add_special_tokens=prepend_bos is not False)["input_ids"] for t in texts]
         if prepend_bos and tok.bos_token_id is not None:
             rows = [r if r[:1] == [tok.bos_token_id] else [tok.bos_token_id, *r] for r in rows]
         T = max(len(r) for r in rows)
@@ -305,12 +305,12 @@ def _apply_aliases(plan: list[tuple[nn.Module, str, str]]) -> None:
                 f"{alias!r} by the bridge's hook names"
             )
         current[child] = alias
-        module.hook_alias = current
+        setattr(module, "hook_alias", current)  # noqa: B010 (an nn.Module's plain attribute)
 
 
 def _attention_points(attn: nn.Module, out_proj: nn.Linear | None, heads: int, kv: int) -> None:
     points = ATTENTION_HOOK_POINTS if out_proj is not None else ATTENTION_HOOK_POINTS[:-1]
-    attn.hook_points = points
+    setattr(attn, "hook_points", points)  # noqa: B010
     for name, value in (("num_heads", heads), ("num_kv_heads", kv)):
         have = getattr(attn, name, None)
         if have is None:
@@ -322,7 +322,7 @@ def _attention_points(attn: nn.Module, out_proj: nn.Linear | None, heads: int, k
 def _install_result(attn: nn.Module, out_proj: nn.Linear, heads: int) -> Any:
     """hook_result at the output projection: each head's slice of its input times its columns."""
 
-    def result(module: nn.Module, args: tuple, out: Tensor) -> Tensor | None:
+    def result(module: Any, args: tuple, out: Tensor) -> Tensor | None:
         hooks = hooks_for(attn)
         if hooks is None or "hook_result" not in hooks:
             return None
@@ -375,9 +375,7 @@ def _install_layer(parts: LayerParts) -> list[Any]:
                 lambda m, a, o: _show(layer, "hook_resid_mid_cross", o)
             )
         )
-    handles.append(
-        parts.mlp.register_forward_hook(lambda m, a, o: _show(layer, "hook_mlp_out", o))
-    )
+    handles.append(parts.mlp.register_forward_hook(lambda m, a, o: _show(layer, "hook_mlp_out", o)))
     handles.append(layer.register_forward_hook(lambda m, a, o: _show(m, "hook_resid_post", o)))
     return handles
 
@@ -395,7 +393,7 @@ def _layer_points(parts: LayerParts) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(points), tuple(dict.fromkeys(order))
 
 
-def wrap(model: nn.Module, tokenizer: Any = None) -> BridgedModel:
+def wrap(model: Any, tokenizer: Any = None) -> BridgedModel:
     """Route every attention layer of a transformers `PreTrainedModel` through multihead's
     attention and put multihead's hook points on it. Returns a `BridgedModel` (an nn.Module
     holding `model` as `.hf`); `model` itself is changed in place (see the module docstring).
@@ -408,7 +406,9 @@ def wrap(model: nn.Module, tokenizer: Any = None) -> BridgedModel:
     _check_wrappable(model)
     register()
     stacks = discover(model, model.config)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
     heads = int(config.num_attention_heads)
     kv = int(getattr(config, "num_key_value_heads", None) or heads)
     # Plan every name first, so a conflict refuses before anything is changed. One stack
@@ -439,11 +439,12 @@ def wrap(model: nn.Module, tokenizer: Any = None) -> BridgedModel:
                     handles.append(_install_result(parts.cross, parts.cross_out_proj, heads))
             if parts.out_proj is not None:
                 handles.append(_install_result(parts.attn, parts.out_proj, heads))
-            parts.layer.hook_points, parts.layer.hook_order = _layer_points(parts)
+            points, order = _layer_points(parts)
+            setattr(parts.layer, "hook_points", points)  # noqa: B010
+            setattr(parts.layer, "hook_order", order)  # noqa: B010
             handles += _install_layer(parts)
     embed = model.get_input_embeddings()
     handles.append(embed.register_forward_hook(lambda m, a, o: _show(bridged, "hook_embed", o)))
-    bridged._handles = handles
+    bridged._handles = handles  # type: ignore[assignment]  # torch hook handles, kept
     setattr(model, MARK, True)
     return bridged
-

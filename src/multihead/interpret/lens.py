@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +78,7 @@ def logit_lens(
     block i is the mean cross-entropy of the next token, as the model's own loss is for the last
     block.
     """
-    lm = unwrap(model)
+    lm: Any = unwrap(model)
     if not is_lens_model(lm):
         raise TypeError(f"the logit lens reads a CausalLM's blocks, got {type(lm).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
