@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from helpers_bridge import ARCHITECTURES, tiny, tiny_t5
 from multihead.bridge import wrap
-from multihead.interpret import run_with_cache, run_with_hooks
+from multihead.interpret import direct_logit_attribution, run_with_cache, run_with_hooks
 
 B, T, PAD = 2, 9, 3  # row 1 is left-padded by PAD tokens
 ATOL = 1e-5
@@ -109,6 +109,43 @@ def test_zeroing_a_heads_z_is_zeroing_its_slice_of_the_output_projection(pair):
         plain = bridged(ids, attention_mask=mask)
     _close(got, expected, 1)
     assert (got - plain).abs().max() > 1e-4  # the head mattered
+
+
+# DLA refuses these: the final stream is not embed + heads + biases + MLPs (post-norms, residual
+# multipliers, learned positions outside hook_embed), the final norm hides its eps (OLMo), or
+# the final soft-cap is not linear (Gemma 2)
+DLA_REFUSED = {"olmo", "olmo2", "opt", "granite", "gemma2", "gemma3"}
+
+
+def test_the_stream_hooks_are_per_token_and_chain(pair):
+    name, _, bridged = pair
+    ids, mask = _inputs()
+    with torch.no_grad():
+        _, cache = run_with_cache(bridged, ids, attention_mask=mask)
+    for i in range(2):
+        for point in ("resid_pre", "attn_out", "mlp_out", "resid_post"):
+            assert cache[point, i].shape == (B, T, 32), (name, point)
+        if f"blocks.{i}.hook_resid_mid" in cache:
+            assert cache["resid_mid", i].shape == (B, T, 32)
+    torch.testing.assert_close(cache["resid_post", 0], cache["resid_pre", 1])
+
+
+def test_direct_logit_attribution_adds_up_or_is_refused(pair):
+    name, _, bridged = pair
+    ids, mask = _inputs()
+    targets = torch.tensor([5, 9])
+    if name in DLA_REFUSED:
+        with pytest.raises(ValueError, match=type(bridged.hf).__name__):
+            direct_logit_attribution(bridged, ids, targets, attention_mask=mask)
+        return
+    dla = direct_logit_attribution(bridged, ids, targets, against=targets.flip(0))
+    with torch.no_grad():
+        logits = bridged(ids)
+    want = logits[:, :, 5] - logits[:, :, 9]
+    want = torch.stack([want[0], -want[1]])
+    torch.testing.assert_close(dla.logit, want)
+    torch.testing.assert_close(dla.total(), want, atol=1e-4, rtol=1e-4)
+    assert dla.heads.shape == (2, 4, B, T)
 
 
 def _out_proj(attn):

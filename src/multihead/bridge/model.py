@@ -17,6 +17,7 @@ means on a bridged model.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,6 +30,11 @@ from .attention import NAME, register
 from .discover import BridgeError, LayerParts, Stack, discover, final_norm
 
 MARK = "_multihead_bridged"
+# id(layer) -> the shape of the stream it received in the running forward (recorded only while
+# hooks observe the layer), for the tensors of an MLP that runs on flattened tokens
+_SHAPES: ContextVar[dict[int, tuple[int, ...]] | None] = ContextVar(
+    "multihead_bridge_shapes", default=None
+)
 # transformers' own defaults, which the bridge replaces; any other choice is the user's
 REPLACEABLE = (None, "eager", "sdpa")
 
@@ -58,21 +64,32 @@ def _with_first(out: Any, x: Tensor) -> Any:
     return (x, *out[1:]) if isinstance(out, tuple) else out.__class__(x, *out[1:])
 
 
+def _stream_view(owner: nn.Module, x: Tensor) -> Tensor:
+    """A layer's (B * T, C) tensor as (B, T, C) (OPT runs its MLP on flattened tokens), from
+    the shape its layer received in this forward; other tensors as they are."""
+    shape = (_SHAPES.get() or {}).get(id(owner))
+    if x.dim() == 2 and shape is not None and len(shape) == 3:
+        return x.view(shape[0], shape[1], x.shape[-1])
+    return x
+
+
 def _show(owner: nn.Module, point: str, out: Any) -> Any:
     """A forward hook's body: show the output's first tensor at `owner`'s `point`."""
     hooks = hooks_for(owner)
     if hooks is None or point not in hooks:
         return None
     x = _first(out)
-    y = hooks(point, x)
-    return None if y is x else _with_first(out, y)
+    seen = _stream_view(owner, x)
+    y = hooks(point, seen)
+    return None if y is seen else _with_first(out, y.reshape(x.shape))
 
 
 def _read_only(owner: nn.Module, point: str, x: Tensor) -> None:
     hooks = hooks_for(owner)
     if hooks is None or point not in hooks:
         return
-    if hooks(point, x) is not x:
+    seen = _stream_view(owner, x)
+    if hooks(point, seen) is not seen:
         raise ValueError(
             f"{hooks.name}.{point} of a bridged model can be read, not replaced: transformers' "
             "layer keeps its own copy of the residual stream there. Replace hook_attn_out, or "
@@ -146,6 +163,68 @@ class BridgedModel(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def logit_readout(self) -> Any:
+        """The final norm and head as direct logit attribution reads them
+        (`interpret.attribution.LogitReadout`). The norm's kind, effective weight and bias are
+        measured by probing it (Gemma's (1 + w) included); its eps is read from the module.
+        DLA then checks that the components add up to the logit (`check_sum`)."""
+        from ..interpret.attribution import LogitReadout
+
+        norm = self.norm_f
+        name = type(self.hf).__name__
+        if norm is None:
+            raise TypeError(f"direct logit attribution reads a causal LM, not {name}")
+        if getattr(self.hf.config, "final_logit_softcapping", None) is not None:
+            raise ValueError(
+                f"direct logit attribution: {name}'s final logit soft-cap is not linear"
+            )
+        eps = next(
+            (getattr(norm, a) for a in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, a)),
+            None,
+        )
+        if not isinstance(eps, (int, float)):
+            raise ValueError(
+                f"direct logit attribution: {name}'s final norm ({type(norm).__name__}) shows no "
+                "eps attribute, so its scale cannot be frozen"
+            )
+        p = next(self.parameters())
+        C = self.config.dim
+        x = torch.ones(C, device=p.device, dtype=torch.float32)
+        x[1::2] = -1.0
+        if C % 2:  # an odd width: mean 0 and mean square 1 still
+            x = x - x.mean()
+            x = x / x.pow(2).mean().sqrt()
+        with torch.no_grad():
+            up, down = norm(x.to(p.dtype)).float(), norm((-x).to(p.dtype)).float()
+            shifted = norm((x + 3.0).to(p.dtype)).float()
+        centred = bool(torch.allclose(shifted, up, atol=1e-4, rtol=1e-4))
+        # for a centred x of mean square 1: norm(+-x) = +-x / sqrt(1 + eps) * w + b
+        weight = (up - down) / 2 / x * (1.0 + eps) ** 0.5
+        bias = (up + down) / 2
+        head = self.hf.get_output_embeddings()
+        config = self.hf.config
+        scale = 1.0
+        if getattr(config, "logit_scale", None) is not None:
+            scale *= float(config.logit_scale)
+        if getattr(config, "logits_scaling", None) is not None:
+            scale /= float(config.logits_scaling)
+        return LogitReadout(
+            centred=centred,
+            eps=float(eps),
+            weight=weight.to(p.dtype),
+            bias=bias.to(p.dtype) if bool(bias.abs().max() > 0) else None,
+            unembed=head.weight,
+            unembed_bias=getattr(head, "bias", None),
+            logit_scale=scale,
+            has_pos=False,
+            out_biases=[
+                parts.out_proj.bias if parts.out_proj is not None else None
+                for parts in self._stacks[-1].layers
+            ],
+            check_sum=True,
+            name=name,
+        )
 
     # -- running ----------------------------------------------------------------------------
 
@@ -340,7 +419,11 @@ def _install_layer(parts: LayerParts) -> list[Any]:
 
     def resid_pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
         hooks = hooks_for(module)
-        if hooks is None or "hook_resid_pre" not in hooks:
+        if hooks is None:
+            return None
+        x = args[0] if args else kwargs["hidden_states"]
+        _SHAPES.set({**(_SHAPES.get() or {}), id(module): tuple(x.shape)})  # see _stream_view
+        if "hook_resid_pre" not in hooks:
             return None
         if args:
             return (hooks("hook_resid_pre", args[0]), *args[1:]), kwargs
