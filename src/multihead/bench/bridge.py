@@ -19,7 +19,14 @@ from typing import Any
 import torch
 
 from ..table import format_table
-from .timing import environment, measure_rounds, median_ratio
+from .timing import (
+    dtype_name,
+    environment,
+    measure_rounds,
+    median_ratio,
+    resolve_device,
+    resolve_dtype,
+)
 
 # architecture -> (config class, model class, extra config); sizes are `_config`'s
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -33,7 +40,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
 DEFAULT = ("llama", "gpt_neox")
 
 
-def _model(arch: str, dim: int, layers: int, heads: int, seed: int = 0) -> Any:
+def _model(
+    arch: str, dim: int, layers: int, heads: int, device: torch.device, dtype: torch.dtype
+) -> Any:
     import transformers
 
     config_name, model_name, extra = ARCHITECTURES[arch]
@@ -49,25 +58,35 @@ def _model(arch: str, dim: int, layers: int, heads: int, seed: int = 0) -> Any:
         max_position_embeddings=4096,
         **extra,
     )
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     model_cls = getattr(transformers, model_name)
-    return model_cls._from_config(config, attn_implementation="sdpa").eval()
+    model = model_cls._from_config(config, attn_implementation="sdpa", dtype=dtype)
+    return model.to(device).eval()
 
 
 def _row(
-    arch: str, dim: int, layers: int, heads: int, tokens: int, batch: int, repeats: int
+    arch: str,
+    dim: int,
+    layers: int,
+    heads: int,
+    tokens: int,
+    batch: int,
+    repeats: int,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> list[str]:
     """One architecture timed: its table row."""
     from ..bridge import wrap
 
-    sdpa = _model(arch, dim, layers, heads)
+    sdpa = _model(arch, dim, layers, heads, device, dtype)
     bridged = wrap(copy.deepcopy(sdpa))
     ids = torch.randint(0, 2048, (batch, tokens), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
     with torch.no_grad():
-        want = sdpa(ids, use_cache=False).logits
-        got = bridged(ids)
+        want = sdpa(ids, use_cache=False).logits.float()
+        got = bridged(ids).float()
     gap = float((want - got).abs().max())
-    if gap > 1e-3:
+    if gap > (1e-3 if dtype == torch.float32 else 0.1 * float(want.abs().max())):
         raise RuntimeError(f"{arch}: bridged and sdpa logits differ by {gap:.2e}")
 
     def plain() -> None:
@@ -78,7 +97,7 @@ def _row(
         with torch.no_grad():
             bridged(ids)
 
-    samples = measure_rounds({"sdpa": plain, "bridged": through}, repeats=repeats)
+    samples = measure_rounds({"sdpa": plain, "bridged": through}, repeats=repeats, device=device)
     ratio = median_ratio(samples["bridged"], samples["sdpa"])
     return [
         arch,
@@ -98,14 +117,18 @@ def run(
     tokens: int = 256,
     batch: int = 1,
     repeats: int = 9,
+    device: str = "cpu",
+    dtype: str = "fp32",
 ) -> str:
     unknown = [a for a in archs if a not in ARCHITECTURES]
     if unknown:
         raise ValueError(f"unknown architecture {unknown[0]!r}; known: {', '.join(ARCHITECTURES)}")
-    rows = [_row(arch, dim, layers, heads, tokens, batch, repeats) for arch in archs]
-    env = environment()
+    where, kind = resolve_device(device), resolve_dtype(dtype)
+    rows = [_row(arch, dim, layers, heads, tokens, batch, repeats, where, kind) for arch in archs]
+    env = environment(where)
     head = (
-        f"bridged forward vs transformers' sdpa forward (hooks off): B={batch} T={tokens}, "
+        f"bridged forward vs transformers' sdpa forward (hooks off), {dtype_name(kind)}: "
+        f"B={batch} T={tokens}, "
         f"hidden {dim}, {layers} layers, {heads} heads; medians of {repeats} rounds\n"
         + ", ".join(f"{k} {v}" for k, v in env.items())
     )

@@ -3,7 +3,7 @@ hooks off) vs the same model on transformers' sdpa attention, side by side."""
 
 from __future__ import annotations
 
-from .bench import add_common, apply_common, require
+from .bench import add_common, add_device, apply_common, check_device, require
 from .errors import UsageError
 from .parsing import positive_int
 
@@ -25,6 +25,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokens", type=positive_int, default=256, help="T (default 256)")
     parser.add_argument("--batch", type=positive_int, default=1, help="B (default 1)")
     parser.add_argument("--repeats", type=positive_int, default=9, help="rounds (default 9)")
+    add_device(parser)
     add_common(parser)
 
 
@@ -32,6 +33,7 @@ def run(args) -> int:
     require("transformers", "bridge", "transformers' own sdpa attention")
     if args.dim % args.heads:
         raise UsageError(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
+    check_device(args)
     apply_common(args)
     from ..bench import bridge
 
@@ -45,6 +47,8 @@ def run(args) -> int:
             tokens=args.tokens,
             batch=args.batch,
             repeats=args.repeats,
+            device=args.device,
+            dtype=args.dtype,
         )
     )
     return 0
