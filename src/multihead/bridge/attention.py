@@ -79,8 +79,14 @@ def _weights_wanted(kwargs: dict[str, Any]) -> bool:
 
 def register() -> None:
     """Register "multihead" with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        raise ImportError(
+            f"multihead's bridge needs transformers >= 5 (its attention and mask registries): "
+            f"pip install 'multihead[bridge]' ({e})"
+        ) from None
 
     AttentionInterface.register(NAME, bridge_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
