@@ -204,6 +204,20 @@ def test_show_on_a_bridged_subject(tmp_path):
     assert type(view).__name__ == "HeadView"
 
 
+def test_multihead_wrap_is_the_bridges_and_import_stays_light():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert multihead.wrap is wrap
+    code = "import sys, multihead; multihead.load; print('transformers' in sys.modules)"
+    src = str(Path(multihead.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.strip() == "False", done.stderr
+
+
 def test_wrapping_leaves_the_weights_and_state_dict(llama):
     fresh = tiny("llama")
     assert set(llama.state_dict()) == {f"hf.{k}" for k in fresh.state_dict()}
