@@ -187,13 +187,28 @@ def test_load_a_saved_checkpoint_through_the_one_resolver(tmp_path):
     assert isinstance(model.generate("w1 w2", max_new_tokens=2), str)
 
 
-def test_inspect_cli_on_a_bridged_checkpoint(tmp_path, capsys):
+CONLLU = "".join(
+    f"# text = {a} {b} {c}\n1\t{a}\t{a}\tNOUN\t_\t_\t2\tnsubj\t_\t_\n"
+    f"2\t{b}\t{b}\tVERB\t_\t_\t0\troot\t_\t_\n3\t{c}\t{c}\tNOUN\t_\t_\t2\tobj\t_\t_\n\n"
+    for a, b, c in (("w1", "w2", "w3"), ("w4", "w5", "w6"))
+)
+
+
+def test_inspect_heads_and_syntax_cli_on_a_bridged_checkpoint(tmp_path, capsys):
     from multihead.cli import main
 
-    path = save_tiny(tmp_path / "sc2")
+    path = str(save_tiny(tmp_path / "sc2"))
     out = tmp_path / "report.json"
-    assert main(["inspect", "w1 w2 w3 w1 w2 w3", "--model", str(path), "-o", str(out)]) == 0
+    assert main(["inspect", "w1 w2 w3 w1 w2 w3", "--model", path, "-o", str(out)]) == 0
     assert out.is_file() and out.stat().st_size > 0
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("w1 w2 w3 w4\nw5 w6 w7 w8 w9\n")
+    assert main(["heads", "--corpus", str(corpus), "--model", path]) == 0
+    assert "L1 H3" in capsys.readouterr().out
+    treebank = tmp_path / "t.conllu"
+    treebank.write_text(CONLLU)
+    assert main(["syntax", str(treebank), "--model", path, "--min-count", "1"]) == 0
+    assert "2 layers x 4 heads, 2 sentences" in capsys.readouterr().out
 
 
 def test_show_on_a_bridged_subject(tmp_path):
