@@ -6,7 +6,8 @@ and modules never import it). `wrap(model)` for a model you built; `load_bridged
 from .attention import NAME, bridge_attention, register
 from .discover import BridgeError
 from .loading import load_bridged
-from .model import BridgeConfig, BridgedModel, wrap
+from .model import BridgeConfig, BridgedModel
+from .wrapping import wrap
 
 __all__ = [
     "NAME",

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from .discover import BridgeError
-from .model import BridgedModel, wrap
+from .model import BridgedModel
+from .wrapping import wrap
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

@@ -1,0 +1,181 @@
+"""The bridge's hook points on a transformers model's modules: the names (`hook_alias` steps from
+the model down to each layer's attention and MLP), the points each module shows
+(`hook_points`), and the torch forward hooks that show the layer's stream, the attention and
+MLP outputs and each head's result to the hook sessions open in this context (one ContextVar
+read each when none is).
+
+Shapes: the stream (B, T, C); `hook_result` (B, T, H, C).
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..hook_points import hooks_for
+from ..modules.attend import ATTENTION_HOOK_POINTS, head_results
+from .discover import BridgeError, LayerParts
+
+# id(layer) -> the shape of the stream it received in the running forward (recorded only while
+# hooks observe the layer), for the tensors of an MLP that runs on flattened tokens
+_SHAPES: ContextVar[dict[int, tuple[int, ...]] | None] = ContextVar(
+    "multihead_bridge_shapes", default=None
+)
+
+
+def _first(out: Any) -> Tensor:
+    return out if isinstance(out, Tensor) else out[0]
+
+
+def _with_first(out: Any, x: Tensor) -> Any:
+    if isinstance(out, Tensor):
+        return x
+    return (x, *out[1:]) if isinstance(out, tuple) else out.__class__(x, *out[1:])
+
+
+def _stream_view(owner: nn.Module, x: Tensor) -> Tensor:
+    """A layer's (B * T, C) tensor as (B, T, C) (OPT runs its MLP on flattened tokens), from
+    the shape its layer received in this forward; other tensors as they are."""
+    shape = (_SHAPES.get() or {}).get(id(owner))
+    if x.dim() == 2 and shape is not None and len(shape) == 3:
+        return x.view(shape[0], shape[1], x.shape[-1])
+    return x
+
+
+def show(owner: nn.Module, point: str, out: Any) -> Any:
+    """A forward hook's body: show the output's first tensor at `owner`'s `point`."""
+    hooks = hooks_for(owner)
+    if hooks is None or point not in hooks:
+        return None
+    x = _first(out)
+    seen = _stream_view(owner, x)
+    y = hooks(point, seen)
+    return None if y is seen else _with_first(out, y.reshape(x.shape))
+
+
+def _read_only(owner: nn.Module, point: str, x: Tensor) -> None:
+    hooks = hooks_for(owner)
+    if hooks is None or point not in hooks:
+        return
+    seen = _stream_view(owner, x)
+    if hooks(point, seen) is not seen:
+        raise ValueError(
+            f"{hooks.name}.{point} of a bridged model can be read, not replaced: transformers' "
+            "layer keeps its own copy of the residual stream there. Replace hook_attn_out, or "
+            "the next block's hook_resid_pre, instead"
+        )
+
+
+def alias_plan(
+    root: nn.Module, path: str, last: str, *, keep_path: bool = False
+) -> list[tuple[nn.Module, str, str]]:
+    """(module, child, alias) for every step of `path` below `root`: the last named `last`,
+    the others transparent ("") or, with `keep_path`, under their own names."""
+    steps = path.split(".")
+    plan, module = [], root
+    for i, step in enumerate(steps):
+        alias = last if i == len(steps) - 1 else (step if keep_path else "")
+        plan.append((module, step, alias))
+        module = module.get_submodule(step)
+    return plan
+
+
+def apply_aliases(plan: list[tuple[nn.Module, str, str]]) -> None:
+    for module, child, alias in plan:
+        current = dict(getattr(module, "hook_alias", {}))
+        if current.get(child, alias) != alias:
+            raise BridgeError(
+                f"{type(module).__name__}.{child} would be named both {current[child]!r} and "
+                f"{alias!r} by the bridge's hook names"
+            )
+        current[child] = alias
+        setattr(module, "hook_alias", current)  # noqa: B010 (an nn.Module's plain attribute)
+
+
+def attention_points(attn: nn.Module, out_proj: nn.Linear | None, heads: int, kv: int) -> None:
+    points = ATTENTION_HOOK_POINTS if out_proj is not None else ATTENTION_HOOK_POINTS[:-1]
+    setattr(attn, "hook_points", points)  # noqa: B010
+    for name, value in (("num_heads", heads), ("num_kv_heads", kv)):
+        have = getattr(attn, name, None)
+        if have is None:
+            setattr(attn, name, value)
+        elif have != value:
+            raise BridgeError(f"{type(attn).__name__}.{name} is {have}, the config says {value}")
+
+
+def install_result(attn: nn.Module, out_proj: nn.Linear, heads: int) -> Any:
+    """hook_result at the output projection: each head's slice of its input times its columns."""
+
+    def result(module: Any, args: tuple, out: Tensor) -> Tensor | None:
+        hooks = hooks_for(attn)
+        if hooks is None or "hook_result" not in hooks:
+            return None
+        z = args[0]
+        B, T = z.shape[0], z.shape[1]
+        z = z.reshape(B, T, heads, -1).transpose(1, 2)  # (B, T, H * Dv) -> (B, H, T, Dv)
+        return head_results(z, module.weight, module.bias, hooks)
+
+    return out_proj.register_forward_hook(result)
+
+
+def install_layer(parts: LayerParts) -> list[Any]:
+    layer = parts.layer
+    handles = []
+
+    def resid_pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        hooks = hooks_for(module)
+        if hooks is None:
+            return None
+        x = args[0] if args else kwargs["hidden_states"]
+        _SHAPES.set({**(_SHAPES.get() or {}), id(module): tuple(x.shape)})  # see _stream_view
+        if "hook_resid_pre" not in hooks:
+            return None
+        if args:
+            return (hooks("hook_resid_pre", args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hooks("hook_resid_pre", kwargs["hidden_states"])}
+
+    handles.append(layer.register_forward_pre_hook(resid_pre, with_kwargs=True))
+    handles.append(
+        parts.attn.register_forward_hook(lambda m, a, o: show(layer, "hook_attn_out", o))
+    )
+    if parts.cross is not None:
+        handles.append(
+            parts.cross.register_forward_hook(lambda m, a, o: show(layer, "hook_cross_attn_out", o))
+        )
+    if parts.mid is not None:
+        kind, where = parts.mid
+        if kind == "sublayer":
+            handles.append(
+                where.register_forward_hook(lambda m, a, o: show(layer, "hook_resid_mid", o))
+            )
+        else:
+
+            def mid(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                x = args[0] if args else next(iter(kwargs.values()))
+                _read_only(layer, "hook_resid_mid", x)
+
+            handles.append(where.register_forward_pre_hook(mid, with_kwargs=True))
+    if parts.cross_mid is not None:
+        handles.append(
+            parts.cross_mid.register_forward_hook(
+                lambda m, a, o: show(layer, "hook_resid_mid_cross", o)
+            )
+        )
+    handles.append(parts.mlp.register_forward_hook(lambda m, a, o: show(layer, "hook_mlp_out", o)))
+    handles.append(layer.register_forward_hook(lambda m, a, o: show(m, "hook_resid_post", o)))
+    return handles
+
+
+def layer_points(parts: LayerParts) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(hook_points, hook_order) of a layer."""
+    attn_child = parts.attn_path.split(".")[0]
+    mlp_child = parts.mlp_path.split(".")[0]
+    points = ["hook_resid_pre", "hook_attn_out"]
+    points += ["hook_resid_mid"] if parts.mid is not None else []
+    points += ["hook_cross_attn_out"] if parts.cross is not None else []
+    points += ["hook_resid_mid_cross"] if parts.cross_mid is not None else []
+    points += ["hook_mlp_out", "hook_resid_post"]
+    order = ["hook_resid_pre", attn_child, *points[1:-2], mlp_child, *points[-2:]]
+    return tuple(points), tuple(dict.fromkeys(order))
