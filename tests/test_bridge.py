@@ -14,7 +14,12 @@ pytest.importorskip("transformers")
 
 from helpers_bridge import ARCHITECTURES, tiny, tiny_t5
 from multihead.bridge import wrap
-from multihead.interpret import direct_logit_attribution, run_with_cache, run_with_hooks
+from multihead.interpret import (
+    direct_logit_attribution,
+    hook_names,
+    run_with_cache,
+    run_with_hooks,
+)
 
 B, T, PAD = 2, 9, 3  # row 1 is left-padded by PAD tokens
 ATOL = 1e-5
@@ -128,6 +133,27 @@ def test_the_stream_hooks_are_per_token_and_chain(pair):
         if f"blocks.{i}.hook_resid_mid" in cache:
             assert cache["resid_mid", i].shape == (B, T, 32)
     torch.testing.assert_close(cache["resid_post", 0], cache["resid_pre", 1])
+
+
+def test_replacing_resid_mid_replaces_the_stream(pair):
+    """Layer 0's hook_resid_mid replaced by another input's, at every position: from there on
+    the run is that input's run, so the logits are its logits (the MLP reads the replacement
+    and the layer's output carries it)."""
+    name, _, bridged = pair
+    if "blocks.0.hook_resid_mid" not in hook_names(bridged):
+        assert name in ("phi", "cohere", "gpt_neox")  # parallel blocks: no such stream
+        return
+    ids, mask = _inputs()
+    other = torch.randint(4, 96, (B, T), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want, cache = run_with_cache(bridged, other, attention_mask=mask)
+        got = run_with_hooks(
+            bridged, ids, attention_mask=mask,
+            fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, n: cache["resid_mid", 0])],
+        )  # fmt: skip
+        plain = bridged(ids, attention_mask=mask)
+    _close(got, want, 1)
+    assert (plain - want).abs().max() > 1e-3
 
 
 def test_direct_logit_attribution_adds_up_or_is_refused(pair):

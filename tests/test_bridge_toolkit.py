@@ -99,13 +99,6 @@ def test_replacing_result_equals_replacing_z(llama):
     torch.testing.assert_close(ablated, by_z)
 
 
-def test_resid_mid_is_read_only_and_says_so(llama):
-    with pytest.raises(ValueError, match="hook_resid_mid of a bridged model can be read"):
-        run_with_hooks(
-            llama, ids_of(2), fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, n: x * 2)]
-        )
-
-
 def test_patching_and_attribution_patching(llama):
     clean, corrupted = ids_of(3), ids_of(4)
     target = int(clean[0, -1])

@@ -40,9 +40,9 @@ class LayerParts:
     out_proj: nn.Linear | None
     mlp_path: str
     mlp: nn.Module
-    # where hook_resid_mid is read: ("norm", module) its input, read only; ("mlp", module) the
-    # MLP's input (no norm in front of it), read only; ("sublayer", module) a sublayer's output
-    # that the layer adds on from (T5), replaceable; None: a parallel block has no such stream
+    # where hook_resid_mid is shown: ("norm", module) its input; ("mlp", module) the MLP's
+    # input (no norm in front of it); ("sublayer", module) a sublayer's output that the layer
+    # adds on from (T5); None: a parallel block has no such stream
     mid: tuple[str, nn.Module] | None
     cross_path: str | None = None
     cross: nn.Module | None = None

@@ -25,6 +25,10 @@ _SHAPES: ContextVar[dict[int, tuple[int, ...]] | None] = ContextVar(
 )
 
 
+# id(layer) -> what a replaced hook_resid_mid added to the stream, until the layer's output
+_DELTAS: ContextVar[dict[int, Tensor] | None] = ContextVar("multihead_bridge_deltas", default=None)
+
+
 def _first(out: Any) -> Tensor:
     return out if isinstance(out, Tensor) else out[0]
 
@@ -55,17 +59,36 @@ def show(owner: nn.Module, point: str, out: Any) -> Any:
     return None if y is seen else _with_first(out, y.reshape(x.shape))
 
 
-def _read_only(owner: nn.Module, point: str, x: Tensor) -> None:
-    hooks = hooks_for(owner)
-    if hooks is None or point not in hooks:
-        return
-    seen = _stream_view(owner, x)
-    if hooks(point, seen) is not seen:
-        raise ValueError(
-            f"{hooks.name}.{point} of a bridged model can be read, not replaced: transformers' "
-            "layer keeps its own copy of the residual stream there. Replace hook_attn_out, or "
-            "the next block's hook_resid_pre, instead"
-        )
+def _mid(layer: nn.Module, x: Tensor) -> Tensor | None:
+    """hook_resid_mid at the input of the norm in front of the MLP (or of the MLP): a
+    replacement y goes into the MLP, and y - x is kept for the layer's output (transformers'
+    layer adds the MLP's output to its own copy x of the stream), so the block computes
+    y + MLP(y) as a native block does."""
+    hooks = hooks_for(layer)
+    if hooks is None or "hook_resid_mid" not in hooks:
+        return None
+    seen = _stream_view(layer, x)
+    y = hooks("hook_resid_mid", seen)
+    if y is seen:
+        return None
+    _DELTAS.set({**(_DELTAS.get() or {}), id(layer): y - seen})
+    return y.reshape(x.shape)
+
+
+def _resid_post(layer: nn.Module, out: Any) -> Any:
+    """The layer's output, with a replaced resid_mid's difference added, shown at
+    hook_resid_post."""
+    hooks = hooks_for(layer)
+    if hooks is None:
+        return None
+    deltas = dict(_DELTAS.get() or {})
+    delta = deltas.pop(id(layer), None)
+    if delta is not None:
+        _DELTAS.set(deltas)
+        x = _first(out)
+        out = _with_first(out, x + delta.reshape(x.shape))
+    shown = show(layer, "hook_resid_post", out)
+    return out if shown is None and delta is not None else shown
 
 
 def alias_plan(
@@ -130,6 +153,8 @@ def install_layer(parts: LayerParts) -> list[Any]:
             return None
         x = args[0] if args else kwargs["hidden_states"]
         _SHAPES.set({**(_SHAPES.get() or {}), id(module): tuple(x.shape)})  # see _stream_view
+        if id(module) in (_DELTAS.get() or {}):  # left by a forward that raised
+            _DELTAS.set({k: v for k, v in (_DELTAS.get() or {}).items() if k != id(module)})
         if "hook_resid_pre" not in hooks:
             return None
         if args:
@@ -152,9 +177,13 @@ def install_layer(parts: LayerParts) -> list[Any]:
             )
         else:
 
-            def mid(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                x = args[0] if args else next(iter(kwargs.values()))
-                _read_only(layer, "hook_resid_mid", x)
+            def mid(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+                if args:
+                    y = _mid(layer, args[0])
+                    return None if y is None else ((y, *args[1:]), kwargs)
+                key = next(iter(kwargs))
+                y = _mid(layer, kwargs[key])
+                return None if y is None else (args, {**kwargs, key: y})
 
             handles.append(where.register_forward_pre_hook(mid, with_kwargs=True))
     if parts.cross_mid is not None:
@@ -164,7 +193,7 @@ def install_layer(parts: LayerParts) -> list[Any]:
             )
         )
     handles.append(parts.mlp.register_forward_hook(lambda m, a, o: show(layer, "hook_mlp_out", o)))
-    handles.append(layer.register_forward_hook(lambda m, a, o: show(m, "hook_resid_post", o)))
+    handles.append(layer.register_forward_hook(lambda m, a, o: _resid_post(m, o)))
     return handles
 
 
