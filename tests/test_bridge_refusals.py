@@ -161,3 +161,11 @@ def test_unknown_extras_are_refused_by_name(extra, message):
     q, k, v = qkv()
     with pytest.raises(ValueError, match=message):
         bridge_attention(Module(), q, k, v, None, **extra)
+
+
+def test_multihead_load_refuses_an_unregistered_checkpoint_by_name(tmp_path):
+    import multihead
+
+    tiny("bloom", table=UNREGISTERED).save_pretrained(tmp_path / "bloom")
+    with pytest.raises(ValueError, match=r"BloomForCausalLM \(model_type 'bloom'\).*registry"):
+        multihead.load(tmp_path / "bloom")

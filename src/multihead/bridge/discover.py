@@ -105,6 +105,13 @@ def _find_mid(
     return None  # one norm feeds both branches: a parallel block (Phi, Cohere)
 
 
+def uses_registry(model_cls: Any) -> bool:
+    """transformers' own test of a model class (its module's attention classes call the
+    registry), where this transformers has it; the per-module test in `discover` runs anyway."""
+    check = getattr(model_cls, "_can_set_attn_implementation", None)
+    return True if check is None else bool(check())
+
+
 def _uses_registry(cls: Any) -> bool:
     try:
         return REGISTRY_CALL in inspect.getsource(cls.forward)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .discover import BridgeError
+from .discover import BridgeError, uses_registry
 from .model import BridgedModel
 from .wrapping import wrap
 
@@ -59,7 +59,7 @@ def load_bridged(
             f"native multihead family nor a model transformers can build ({e})"
         ) from None
     cls = model_class(config)
-    if not cls._can_set_attn_implementation():
+    if not uses_registry(cls):
         raise BridgeError(
             f"{cls.__name__} (model_type {config.model_type!r}) does not use transformers' "
             "attention registry (AttentionInterface), so multihead's attention cannot be put "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .attention import NAME, register
-from .discover import BridgeError, discover
+from .discover import BridgeError, discover, uses_registry
 from .layer_hooks import (
     alias_plan,
     apply_aliases,
@@ -43,7 +43,7 @@ def _check_wrappable(model: object) -> None:
             f"replaces transformers' defaults ('eager', 'sdpa') with multihead's attention and "
             f"will not override a choice of another implementation: load the model without it"
         )
-    if not type(model)._can_set_attn_implementation():
+    if not uses_registry(type(model)):
         raise BridgeError(
             f"{type(model).__name__} does not use transformers' attention registry "
             "(AttentionInterface), so multihead's attention cannot be put inside it"
