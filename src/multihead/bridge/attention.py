@@ -198,8 +198,8 @@ def bridge_attention(
             key, value = key[:, :, :tq], value[:, :, :tq]
             if position_bias is not None:
                 position_bias = position_bias[..., :tq]
-        if sliding_window is not None and causal:
-            window = int(sliding_window)
+        if sliding_window is not None and causal and key.shape[2] > int(sliding_window):
+            window = int(sliding_window)  # (a window as long as the keys changes nothing)
     if position_bias is not None:
         pb = position_bias.to(query.dtype)
         bias = pb if bias is None else bias + pb
