@@ -4,16 +4,19 @@ attention, side by side in one process.
 
 For each architecture, two copies of one randomly initialised transformers model: "sdpa"
 (`attn_implementation="sdpa"`, transformers' default) and "bridged" (`multihead.wrap`). Both run
-the same input under `torch.no_grad()` in eval mode, round-robin in a fresh random order each
-round (`bench.timing.measure_rounds`); the ratio is the median over rounds of bridged / sdpa,
-each pair from the same round (the machine is shared: its load moves between rounds). The
-outputs are checked to agree before timing.
+the same input under `torch.no_grad()` in eval mode, in a fresh random order each round; the
+ratio is the median over rounds of bridged / sdpa, each pair from the same round. On CPU each
+sample is this process's CPU time (`time.process_time`): on a shared machine other processes
+inflate wall time by several times and unevenly (with `--threads 1` it is the work done); on
+CUDA, CUDA events (`bench.timing.measure_rounds`). The outputs are checked to agree first.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -62,6 +65,27 @@ def _model(
     model_cls = getattr(transformers, model_name)
     model = model_cls._from_config(config, attn_implementation="sdpa", dtype=dtype)
     return model.to(device).eval()
+
+
+def _cpu_rounds(contenders: dict[str, Any], repeats: int) -> dict[str, list[float]]:
+    """CPU seconds per call of each contender in each round (random order per round)."""
+    for fn in contenders.values():
+        fn()
+        fn()
+    start = time.process_time()
+    next(iter(contenders.values()))()
+    loops = max(1, int(0.05 / max(time.process_time() - start, 1e-4)))
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    order_rng = random.Random(0)
+    for _ in range(repeats):
+        order = list(contenders)
+        order_rng.shuffle(order)
+        for name in order:
+            start = time.process_time()
+            for _ in range(loops):
+                contenders[name]()
+            samples[name].append((time.process_time() - start) / loops)
+    return samples
 
 
 def _row(
@@ -127,7 +151,8 @@ def run(
     rows = [_row(arch, dim, layers, heads, tokens, batch, repeats, where, kind) for arch in archs]
     env = environment(where)
     head = (
-        f"bridged forward vs transformers' sdpa forward (hooks off), {dtype_name(kind)}: "
+        f"bridged forward vs transformers' sdpa forward (hooks off), {dtype_name(kind)}, "
+        f"{'CUDA events' if where.type == 'cuda' else 'CPU time of this process'}: "
         f"B={batch} T={tokens}, "
         f"hidden {dim}, {layers} layers, {heads} heads; medians of {repeats} rounds\n"
         + ", ".join(f"{k} {v}" for k, v in env.items())
