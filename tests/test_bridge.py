@@ -203,5 +203,10 @@ def test_t5_encoder_decoder():
         torch.testing.assert_close(dec_pattern, want.decoder_attentions[layer], atol=ATOL, rtol=0)
         cross = cache[f"decoder.blocks.{layer}.cross_attn.hook_pattern"]
         torch.testing.assert_close(cross, want.cross_attentions[layer], atol=ATOL, rtol=0)
+    with torch.no_grad():  # no padding: the masks are skipped, each module's is_causal rules
+        plain = bridged(ids, decoder_input_ids=dec)
+        torch.testing.assert_close(
+            plain, ref(ids, decoder_input_ids=dec).logits, atol=ATOL, rtol=1e-4
+        )
     # the decoder's stream: resid_pre + attention sublayer = resid_mid (T5 adds inside it)
     assert cache["decoder.blocks.1.hook_resid_mid_cross"].shape == (B, 5, 32)

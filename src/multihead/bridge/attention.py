@@ -52,8 +52,6 @@ PASS_THROUGH = frozenset(
         "layer_idx",
         "return_dict",
         "is_causal",
-        "head_mask",  # transformers 5 has dropped head masks; None when passed
-        "layer_head_mask",
         "query_length",
         "output_router_logits",
     }
