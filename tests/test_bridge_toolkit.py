@@ -21,6 +21,7 @@ from multihead.interpret import (
     capture,
     head_gates,
     hook_names,
+    hooks,
     logit_lens,
     patch,
     run_with_cache,
@@ -229,7 +230,22 @@ def test_multihead_wrap_is_the_bridges_and_import_stays_light():
 def test_wrapping_leaves_the_weights_and_state_dict(llama):
     fresh = tiny("llama")
     assert set(llama.state_dict()) == {f"hf.{k}" for k in fresh.state_dict()}
-    copy.deepcopy(llama)  # a bridged model can be copied
+
+
+def test_a_copy_has_hooks_of_its_own(llama):
+    """deepcopy of a bridged model: its hook points serve its own sessions, not the original's."""
+    twin = copy.deepcopy(llama)
+    ids = ids_of(8)
+    seen = []
+    with torch.no_grad():
+        _, mine = run_with_cache(llama, ids)
+        _, theirs = run_with_cache(twin, ids)
+        with hooks(llama, [(lambda n: True, lambda x, n: seen.append(n))]):
+            twin(ids)
+    assert seen == []
+    assert set(mine) == set(theirs)
+    for name in mine:
+        torch.testing.assert_close(theirs[name], mine[name])
 
 
 def test_bench_bridge_prints_its_table(capsys):

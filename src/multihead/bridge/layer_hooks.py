@@ -128,11 +128,30 @@ def attention_points(attn: nn.Module, out_proj: nn.Linear | None, heads: int, kv
             raise BridgeError(f"{type(attn).__name__}.{name} is {have}, the config says {value}")
 
 
+def _owner(module: nn.Module) -> nn.Module:
+    return module.__dict__["_multihead_owner"][0]
+
+
+def set_owner(site: nn.Module, owner: nn.Module) -> None:
+    """The module whose hook points a torch hook on `site` serves. Kept in a list, a plain
+    attribute (not a child module), so `copy.deepcopy` of the model maps it to the copy's
+    owner: the hooks hold no module themselves."""
+    have = getattr(site, "_multihead_owner", None)
+    if have is not None and have[0] is not owner:
+        raise BridgeError(f"{type(site).__name__} would serve the hook points of two modules")
+    object.__setattr__(site, "_multihead_owner", [owner])
+
+
+def shows(point: str) -> Any:
+    """A forward hook showing the output at `point` of the site's owner."""
+    return lambda module, args, out: show(_owner(module), point, out)
+
+
 def install_result(attn: nn.Module, out_proj: nn.Linear, heads: int) -> Any:
     """hook_result at the output projection: each head's slice of its input times its columns."""
 
     def result(module: Any, args: tuple, out: Tensor) -> Tensor | None:
-        hooks = hooks_for(attn)
+        hooks = hooks_for(_owner(module))
         if hooks is None or "hook_result" not in hooks:
             return None
         z = args[0]
@@ -140,59 +159,55 @@ def install_result(attn: nn.Module, out_proj: nn.Linear, heads: int) -> Any:
         z = z.reshape(B, T, heads, -1).transpose(1, 2)  # (B, T, H * Dv) -> (B, H, T, Dv)
         return head_results(z, module.weight, module.bias, hooks)
 
+    set_owner(out_proj, attn)
     return out_proj.register_forward_hook(result)
 
 
+def _resid_pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    hooks = hooks_for(module)
+    if hooks is None:
+        return None
+    x = args[0] if args else kwargs["hidden_states"]
+    _SHAPES.set({**(_SHAPES.get() or {}), id(module): tuple(x.shape)})  # see _stream_view
+    if id(module) in (_DELTAS.get() or {}):  # left by a forward that raised
+        _DELTAS.set({k: v for k, v in (_DELTAS.get() or {}).items() if k != id(module)})
+    if "hook_resid_pre" not in hooks:
+        return None
+    if args:
+        return (hooks("hook_resid_pre", args[0]), *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hooks("hook_resid_pre", kwargs["hidden_states"])}
+
+
+def _mid_input(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    layer = _owner(module)
+    if args:
+        y = _mid(layer, args[0])
+        return None if y is None else ((y, *args[1:]), kwargs)
+    key = next(iter(kwargs))
+    y = _mid(layer, kwargs[key])
+    return None if y is None else (args, {**kwargs, key: y})
+
+
 def install_layer(parts: LayerParts) -> list[Any]:
+    """The torch hooks that serve a layer's hook points (each site told its owner, the layer)."""
     layer = parts.layer
-    handles = []
-
-    def resid_pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        hooks = hooks_for(module)
-        if hooks is None:
-            return None
-        x = args[0] if args else kwargs["hidden_states"]
-        _SHAPES.set({**(_SHAPES.get() or {}), id(module): tuple(x.shape)})  # see _stream_view
-        if id(module) in (_DELTAS.get() or {}):  # left by a forward that raised
-            _DELTAS.set({k: v for k, v in (_DELTAS.get() or {}).items() if k != id(module)})
-        if "hook_resid_pre" not in hooks:
-            return None
-        if args:
-            return (hooks("hook_resid_pre", args[0]), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": hooks("hook_resid_pre", kwargs["hidden_states"])}
-
-    handles.append(layer.register_forward_pre_hook(resid_pre, with_kwargs=True))
-    handles.append(
-        parts.attn.register_forward_hook(lambda m, a, o: show(layer, "hook_attn_out", o))
-    )
+    handles = [layer.register_forward_pre_hook(_resid_pre, with_kwargs=True)]
+    sites: list[tuple[nn.Module, str]] = [(parts.attn, "hook_attn_out")]
     if parts.cross is not None:
-        handles.append(
-            parts.cross.register_forward_hook(lambda m, a, o: show(layer, "hook_cross_attn_out", o))
-        )
+        sites.append((parts.cross, "hook_cross_attn_out"))
     if parts.mid is not None:
         kind, where = parts.mid
+        set_owner(where, layer)
         if kind == "sublayer":
-            handles.append(
-                where.register_forward_hook(lambda m, a, o: show(layer, "hook_resid_mid", o))
-            )
+            sites.append((where, "hook_resid_mid"))
         else:
-
-            def mid(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-                if args:
-                    y = _mid(layer, args[0])
-                    return None if y is None else ((y, *args[1:]), kwargs)
-                key = next(iter(kwargs))
-                y = _mid(layer, kwargs[key])
-                return None if y is None else (args, {**kwargs, key: y})
-
-            handles.append(where.register_forward_pre_hook(mid, with_kwargs=True))
+            handles.append(where.register_forward_pre_hook(_mid_input, with_kwargs=True))
     if parts.cross_mid is not None:
-        handles.append(
-            parts.cross_mid.register_forward_hook(
-                lambda m, a, o: show(layer, "hook_resid_mid_cross", o)
-            )
-        )
-    handles.append(parts.mlp.register_forward_hook(lambda m, a, o: show(layer, "hook_mlp_out", o)))
+        sites.append((parts.cross_mid, "hook_resid_mid_cross"))
+    sites.append((parts.mlp, "hook_mlp_out"))
+    for site, point in sites:
+        set_owner(site, layer)
+        handles.append(site.register_forward_hook(shows(point)))
     handles.append(layer.register_forward_hook(lambda m, a, o: _resid_post(m, o)))
     return handles
 

@@ -15,7 +15,8 @@ from .layer_hooks import (
     install_layer,
     install_result,
     layer_points,
-    show,
+    set_owner,
+    shows,
 )
 from .model import MARK, BridgedModel
 
@@ -101,7 +102,8 @@ def wrap(model: Any, tokenizer: Any = None) -> BridgedModel:
             setattr(parts.layer, "hook_order", order)  # noqa: B010
             handles += install_layer(parts)
     embed = model.get_input_embeddings()
-    handles.append(embed.register_forward_hook(lambda m, a, o: show(bridged, "hook_embed", o)))
+    set_owner(embed, bridged)
+    handles.append(embed.register_forward_hook(shows("hook_embed")))
     bridged._handles = handles  # type: ignore[assignment]  # torch hook handles, kept
     setattr(model, MARK, True)
     return bridged
