@@ -157,7 +157,7 @@ def test_multihead_load_picks_the_family_from_the_checkpoint(tmp_path):
     assert encoder.encode(["a cat"]).shape == (1, 384)
     save_causal(tmp_path / "lm", "mistral-window")
     assert type(multihead.load(tmp_path / "lm")).__name__ == "CausalLM"
-    (tmp_path / "t5").mkdir()
-    (tmp_path / "t5" / "config.json").write_text('{"model_type": "t5"}')
-    with pytest.raises(ValueError, match="unsupported architecture: model_type 't5'"):
-        multihead.load(tmp_path / "t5")
+    (tmp_path / "odd").mkdir()  # neither native nor known to transformers (the bridge's peer)
+    (tmp_path / "odd" / "config.json").write_text('{"model_type": "no-such-family"}')
+    with pytest.raises(ValueError, match="unsupported architecture: it is neither a native"):
+        multihead.load(tmp_path / "odd")

@@ -21,6 +21,7 @@ _LAZY = {
     "load": "pretrained.auto",
     "scaled_dot_product_attention": "functional",
     "show": "interpret.head_view",
+    "wrap": "bridge",
 }
 
 __all__ = [
@@ -34,10 +35,12 @@ __all__ = [
     "load",
     "scaled_dot_product_attention",
     "show",
+    "wrap",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from . import functional
+    from .bridge import wrap
     from .factored_matrix import FactoredMatrix
     from .functional import attention, scaled_dot_product_attention
     from .interpret.head_view import show

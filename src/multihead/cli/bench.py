@@ -21,6 +21,7 @@ SUBCOMMANDS = (
     "bench_parallel",
     "bench_load",
     "bench_patching",
+    "bench_bridge",
 )
 
 

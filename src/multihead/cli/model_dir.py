@@ -251,13 +251,17 @@ def load_sentence_encoder(model: ModelDir, command: str):
 
 def load_subject(model: ModelDir, command: str):
     """What `inspect` and `heads` analyse: an `EncoderSubject` for a BERT-family encoder, a
-    `CausalLMSubject` for a causal LM; other architectures are refused by name."""
-    if model.model_type not in ENCODER_TYPES + CAUSAL_LM_TYPES:
+    `CausalLMSubject` for a causal LM: native families as they are, other decoder-only
+    architectures through the bridge (which refuses, by name, those it cannot route). An
+    encoder-decoder is refused here, before anything loads."""
+    native = ENCODER_TYPES + CAUSAL_LM_TYPES
+    if model.model_type not in native and is_encoder_decoder(model.config):
         raise model.error(
             f"`multihead {command}` reads BERT-family encoders (model_type "
             f"{', '.join(map(repr, ENCODER_TYPES))}) and causal LMs (model_type "
-            f"{', '.join(map(repr, CAUSAL_LM_TYPES))}); this model's config.json says model_type "
-            f"{model.model_type!r}"
+            f"{', '.join(map(repr, CAUSAL_LM_TYPES))} natively, other decoder-only models "
+            f"through the bridge); this model's config.json says model_type "
+            f"{model.model_type!r}, an encoder-decoder"
         )
     from ..interpret.subject import EncoderSubject
     from ..interpret.subject import load_subject as load
@@ -268,3 +272,16 @@ def load_subject(model: ModelDir, command: str):
         return load(model.path)
     except (ValueError, OSError) as e:  # the checkpoint does not fit its config, and the like
         raise model.error(" ".join(str(e).split())) from None
+
+
+# model_types of encoder-decoders (their config.json usually says is_encoder_decoder too)
+ENCODER_DECODER_TYPES = (
+    "t5", "mt5", "umt5", "longt5", "switch_transformers", "bart", "mbart", "pegasus",
+    "marian", "whisper", "blenderbot", "prophetnet", "led", "encoder-decoder",
+)  # fmt: skip
+
+
+def is_encoder_decoder(config: dict[str, Any]) -> bool:
+    return bool(config.get("is_encoder_decoder")) or config.get("model_type") in (
+        ENCODER_DECODER_TYPES
+    )

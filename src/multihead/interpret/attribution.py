@@ -21,6 +21,7 @@ Shapes: input_ids (B, T); heads (L, H, B, T); the other components (B, T) or (L,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -84,6 +85,49 @@ def _tokens(name: str, t: Tensor | None, B: int, T: int) -> Tensor | None:
     return t
 
 
+@dataclass(frozen=True)
+class LogitReadout:
+    """How a causal LM turns its final residual stream into logits, as DLA reads it: a final
+    norm (centred for LayerNorm, not for RMSNorm; `eps`; its effective per-channel `weight`
+    and `bias`), the unembedding (V, C) with its optional bias, times `logit_scale`. A native
+    `CausalLM` gives it from its modules; another model gives it by a `logit_readout()` method
+    (a bridged transformers model: `multihead.bridge`), and then `check_sum` asks DLA to
+    verify that the components add up to the model's logit, and to refuse when they do not
+    (an architecture whose branches are scaled or normalised before they join the stream)."""
+
+    centred: bool
+    eps: float
+    weight: Tensor | None
+    bias: Tensor | None
+    unembed: Tensor  # (V, C)
+    unembed_bias: Tensor | None  # (V,)
+    logit_scale: float
+    has_pos: bool
+    out_biases: list[Tensor | None]  # each layer's output-projection bias (C,)
+    check_sum: bool = False
+    name: str = ""  # the architecture, as errors name it
+
+
+def logit_readout(lm: nn.Module) -> LogitReadout:
+    if isinstance(lm, CausalLM):
+        norm = lm.norm_f
+        return LogitReadout(
+            centred=not isinstance(norm, RMSNorm),
+            eps=float(getattr(norm, "eps", 0.0)),
+            weight=getattr(norm, "weight", None),
+            bias=getattr(norm, "bias", None),
+            unembed=lm.head.weight,
+            unembed_bias=None,
+            logit_scale=1.0,
+            has_pos=lm.pos is not None,
+            out_biases=[lm.attention(i).out_proj.bias for i in range(len(lm.layers))],
+        )
+    readout = getattr(lm, "logit_readout", None)
+    if callable(readout):
+        return readout()
+    raise TypeError(f"direct logit attribution reads a CausalLM, got {type(lm).__name__}")
+
+
 def direct_logit_attribution(
     model: nn.Module,
     input_ids: Tensor,
@@ -98,9 +142,8 @@ def direct_logit_attribution(
     position. The model must run without dropout (eval mode), or the components would not sum
     to the stream. See the module docstring for the frozen final-norm scale.
     """
-    lm = unwrap(model)
-    if not isinstance(lm, CausalLM):
-        raise TypeError(f"direct logit attribution reads a CausalLM, got {type(lm).__name__}")
+    lm: Any = unwrap(model)
+    read = logit_readout(lm)
     if lm.training and lm.config.dropout > 0:
         raise ValueError("put the model in eval mode: dropout breaks the sum of components")
     if input_ids.dim() != 2:
@@ -111,50 +154,65 @@ def direct_logit_attribution(
     other = _tokens("against", against, B, T)
     L = len(lm.layers)
     names = ["hook_embed", act_name("resid_post", L - 1)]
-    if lm.pos is not None:
+    if read.has_pos:
         names.append("hook_pos_embed")
     for i in range(L):
         names += [act_name("result", i), act_name("mlp_out", i)]
     with torch.no_grad():
         logits, cache = run_with_cache(lm, input_ids, attention_mask=attention_mask, names=names)
-        norm = lm.norm_f
         x = cache["resid_post", L - 1]  # (B, T, C) the final stream
-        centred = not isinstance(norm, RMSNorm)
-        eps = float(getattr(norm, "eps", 0.0))
-        if centred:  # LayerNorm: (x - mean) / sqrt(var + eps)
-            scale = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+        if read.centred:  # LayerNorm: (x - mean) / sqrt(var + eps)
+            scale = (x.var(-1, unbiased=False, keepdim=True) + read.eps).sqrt()
         else:  # RMSNorm: x / sqrt(mean(x^2) + eps)
-            scale = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-        w_u = lm.head.weight  # (V, C)
+            scale = (x.pow(2).mean(-1, keepdim=True) + read.eps).sqrt()
+        w_u = read.unembed  # (V, C)
         unembed = w_u[target]  # (B, T, C)
         if other is not None:
             unembed = unembed - w_u[other]
-        weight = getattr(norm, "weight", None)
+        unembed = unembed * read.logit_scale
+        weight = read.weight
         direction = unembed if weight is None else unembed * weight  # the norm's weight folded in
 
         def effect(component: Tensor) -> Tensor:
             """(..., B, T, C) -> (..., B, T): centred, divided by the frozen scale, projected."""
-            if centred:
+            if read.centred:
                 component = component - component.mean(-1, keepdim=True)
             return (component / scale * direction).sum(-1)
 
         heads = torch.stack([effect(cache["result", i].movedim(2, 0)) for i in range(L)])
         biases = []
-        for i in range(L):
-            bias = lm.attention(i).out_proj.bias
+        for bias in read.out_biases:
             biases.append(effect(bias.expand_as(x)) if bias is not None else x.new_zeros(B, T))
-        norm_bias = getattr(norm, "bias", None)
+        norm_bias = (read.bias * unembed).sum(-1) if read.bias is not None else x.new_zeros(B, T)
+        if read.unembed_bias is not None:  # the head's own bias joins the norm's
+            b_u = read.unembed_bias[target]
+            if other is not None:
+                b_u = b_u - read.unembed_bias[other]
+            norm_bias = norm_bias + b_u * read.logit_scale
         d = torch.gather(logits, -1, target[..., None])[..., 0]
         if other is not None:
             d = d - torch.gather(logits, -1, other[..., None])[..., 0]
-        return Attribution(
+        result = Attribution(
             heads=heads,  # (L, H, B, T)
             attn_bias=torch.stack(biases),
             mlp=torch.stack([effect(cache["mlp_out", i]) for i in range(L)]),
             embed=effect(cache["embed"]),
-            pos_embed=effect(cache["pos_embed"]) if lm.pos is not None else None,
-            norm_bias=(
-                (norm_bias * unembed).sum(-1) if norm_bias is not None else x.new_zeros(B, T)
-            ),
+            pos_embed=effect(cache["pos_embed"]) if read.has_pos else None,
+            norm_bias=norm_bias,
             logit=d,
         )
+    if read.check_sum:
+        total, tolerance = result.total(), 1e-3 * (1.0 + d.abs())
+        real = (
+            torch.ones_like(d, dtype=torch.bool) if attention_mask is None
+            else attention_mask.bool()
+        )  # fmt: skip
+        if not bool(((total - d).abs() <= tolerance)[real].all()):
+            gap = float((total - d).abs()[real].max())
+            raise ValueError(
+                f"direct logit attribution does not add up on {read.name} (components "
+                f"miss the logit by up to {gap:.3g}): the final stream is not embed + heads + "
+                "biases + MLPs here (scaled embeddings, post-norms, residual multipliers or "
+                "position embeddings outside the hook points)"
+            )
+    return result

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..hooked.hooks import act_name, run_with_cache, unwrap
-from ..modules.lm import CausalLM
 from ..table import format_table
 
 
@@ -52,6 +52,17 @@ class LensResult:
         return self.table()
 
 
+def is_lens_model(model: nn.Module) -> bool:
+    """A causal LM as the lens reads it: `layers` (blocks.{i}.hook_resid_post), a final norm
+    `norm_f` and `logits(h)` (a `CausalLM`, or a bridged transformers causal LM)."""
+    return (
+        isinstance(getattr(model, "layers", None), nn.ModuleList)
+        and isinstance(getattr(model, "norm_f", None), nn.Module)
+        and callable(getattr(model, "logits", None))
+        and getattr(getattr(model, "config", None), "causal", True) is not False
+    )
+
+
 def logit_lens(
     model: nn.Module,
     input_ids: Tensor,
@@ -67,8 +78,8 @@ def logit_lens(
     block i is the mean cross-entropy of the next token, as the model's own loss is for the last
     block.
     """
-    lm = unwrap(model)
-    if not isinstance(lm, CausalLM):
+    lm: Any = unwrap(model)
+    if not is_lens_model(lm):
         raise TypeError(f"the logit lens reads a CausalLM's blocks, got {type(lm).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")

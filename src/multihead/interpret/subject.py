@@ -3,7 +3,8 @@ one small interface, so none of them asks which kind of model it holds.
 
   EncoderSubject   a `SentenceEncoder` (BERT, RoBERTa, DistilBERT): bidirectional; its
                    tokenizer's own [CLS] text [SEP]; importance through the sentence embedding.
-  CausalLMSubject  a `CausalLM` (GPT-2, Llama, Mistral, Qwen2) + its tokenizer.json: causal
+  CausalLMSubject  a `CausalLM` (GPT-2, Llama, Mistral, Qwen2), or a bridged transformers causal
+                   LM (`multihead.bridge`: same config sizes and call), + its tokenizer.json: causal
                    (only the lower triangle of a pattern means anything); BOS first where the
                    model has one (the rule is in `multihead.pretrained.affixes`); importance
                    through next-token loss.
@@ -29,7 +30,7 @@ import torch
 from tokenizers import Tokenizer, models
 from torch import nn
 
-from ..models import ENCODER_FAMILIES
+from ..models import CAUSAL_LM_FAMILIES, ENCODER_FAMILIES
 from ..models.text import check_encodable
 from ..modules.lm import CausalLM
 from ..pretrained.affixes import bos_token_id, causal_affixes
@@ -304,6 +305,16 @@ def load_subject(
     config = read_json(model_dir / "config.json")
     if config.get("model_type") in ENCODER_TYPES:
         return EncoderSubject(load_encoder(model_dir, dtype=dtype, device=device))
-    model = load_causal_lm(model_dir, dtype=dtype, device=device)
+    if config.get("model_type") in CAUSAL_LM_FAMILIES:
+        model: nn.Module = load_causal_lm(model_dir, dtype=dtype, device=device)
+    else:  # no native family: the one resolver's fallback, the bridge
+        from ..models.auto import load
+
+        model = load(model_dir, dtype=dtype, device=device)
+        if not getattr(model.config, "causal", False):
+            raise ValueError(
+                f"{str(model_dir)!r}: model_type {config.get('model_type')!r} is not a causal "
+                "LM; inspection reads BERT-family encoders and causal LMs"
+            )
     tokenizer = read_tokenizer(model_dir)
-    return CausalLMSubject(model, tokenizer, bos_id=bos_token_id(tokenizer, config))
+    return CausalLMSubject(model, tokenizer, bos_id=bos_token_id(tokenizer, config))  # type: ignore[arg-type]

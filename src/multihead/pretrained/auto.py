@@ -3,7 +3,10 @@
 The source is resolved once (`models.source.resolve_model`: a directory, a .gguf file, a Hub
 id in the local cache, the packaged default); the checkpoint then says the family: a GGUF file
 or a config.json model_type gpt2/llama/mistral/qwen2 is a causal LM (`load_causal_lm`), a
-BERT-family model_type an encoder with its tokenizer (`load_encoder`)."""
+BERT-family model_type an encoder with its tokenizer (`load_encoder`). Any other model_type goes
+to the bridge (`multihead.bridge.load_bridged`: transformers builds the model, multihead's
+attention runs inside it), which refuses architectures it cannot route by name: native first,
+bridge second, in this one resolver. The bridge (and transformers) is imported only then."""
 
 from __future__ import annotations
 
@@ -28,8 +31,9 @@ def load(
 ) -> nn.Module:
     """A `CausalLM` (GGUF files; model_type gpt2, llama, mistral, qwen2) or a
     `SentenceEncoder` (bert, distilbert, mpnet, roberta, xlm-roberta), in eval mode, from
-    `source` (None: the packaged all-MiniLM-L6-v2). `dtype`: None keeps the checkpoint's
-    (float32 for quantised GGUF weights); `device`: where the weights go."""
+    `source` (None: the packaged all-MiniLM-L6-v2); for any other model_type a
+    `multihead.bridge.BridgedModel` (see docs/bridge.md). `dtype`: None keeps the
+    checkpoint's (float32 for quantised GGUF weights); `device`: where the weights go."""
     resolved = resolve_model(source)
     if resolved.is_gguf:
         return load_causal_lm(resolved.path, dtype=dtype, device=device)
@@ -41,8 +45,25 @@ def load(
         return load_causal_lm(resolved.path, dtype=dtype, device=device)
     if model_type in ENCODER_FAMILIES:
         return load_encoder(resolved.path, dtype=dtype, device=device)
+    return load_through_bridge(resolved.path, config_file, model_type, dtype, device)
+
+
+def load_through_bridge(
+    path: os.PathLike[str],
+    config_file: os.PathLike[str],
+    model_type: object,
+    dtype: torch.dtype | None,
+    device: torch.device | str | None,
+) -> nn.Module:
+    """A model_type with no native family, through the bridge (imported here only: `import
+    multihead` and native loads never import transformers)."""
     known = sorted([*CAUSAL_LM_FAMILIES, *ENCODER_FAMILIES])
-    raise ValueError(
-        f"{str(config_file)!r}: unsupported architecture: model_type {model_type!r}; "
-        f"multihead.load reads model_type {', '.join(map(repr, known))}"
-    )
+    try:
+        from ..bridge import load_bridged
+    except ImportError as e:  # transformers missing
+        raise ValueError(
+            f"{str(config_file)!r}: unsupported architecture: model_type {model_type!r}; "
+            f"multihead.load reads model_type {', '.join(map(repr, known))} natively, and "
+            f"others through the bridge, which needs transformers ({e})"
+        ) from None
+    return load_bridged(path, dtype=dtype, device=device)
