@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hook_points import hooks_for
+from ..hooked.logit_readout import LogitReadout
 from .discover import Stack, final_norm
 
 MARK = "_multihead_bridged"
@@ -113,11 +114,9 @@ class BridgedModel(nn.Module):
 
     def logit_readout(self) -> Any:
         """The final norm and head as direct logit attribution reads them
-        (`interpret.attribution.LogitReadout`). The norm's kind, effective weight and bias are
+        (`hooked.logit_readout.LogitReadout`). The norm's kind, effective weight and bias are
         measured by probing it (Gemma's (1 + w) included); its eps is read from the module.
         DLA then checks that the components add up to the logit (`check_sum`)."""
-        from ..interpret.attribution import LogitReadout
-
         norm = self.norm_f
         name = type(self.hf).__name__
         if norm is None:
