@@ -308,7 +308,7 @@ def load_subject(
     if config.get("model_type") in CAUSAL_LM_FAMILIES:
         model: nn.Module = load_causal_lm(model_dir, dtype=dtype, device=device)
     else:  # no native family: the one resolver's fallback, the bridge
-        from ..models.auto import load
+        from ..pretrained.auto import load
 
         model = load(model_dir, dtype=dtype, device=device)
         if not getattr(model.config, "causal", False):
