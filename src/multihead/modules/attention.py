@@ -115,6 +115,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             (Gemma 2), see `functional.attention`.
         sinks: True gives a learned sink logit per query head (parameter `sinks`, (H,),
             gpt-oss), see `functional.attention`.
+        q_norm, k_norm: modules applied to q (B, H, T, D) and k (B, Hkv, T, D) after their
+            projections and hooks (hook_q, hook_k), before RoPE (Qwen3, Gemma 3, OLMo 2: see
+            `modules.qk_norm.HeadNorm`).
 
     Hook points (see `multihead.interpret`): hook_q, hook_k, hook_v (B, T, H or Hkv, D; before
     rotation), hook_rot_q, hook_rot_k (after RoPE; only with it), hook_attn_scores, hook_pattern
@@ -146,6 +149,8 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         scale: float | None = None,
         softcap: float | None = None,
         sinks: bool = False,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -197,8 +202,15 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         self.sinks = (
             nn.Parameter(torch.zeros(num_heads, **factory)) if check_flag("sinks", sinks) else None
         )
+        self.q_norm, self.k_norm = q_norm, k_norm
         # (a plain attribute: the hot path in forward tests it, and takes it only when False)
-        self._variant = self.scale is not None or self.softcap is not None or sinks
+        self._variant = (
+            self.scale is not None
+            or self.softcap is not None
+            or sinks
+            or q_norm is not None
+            or k_norm is not None
+        )
 
     def _variants(self) -> dict:
         """The attention-variant arguments of this module's calls (see `make_call`)."""
@@ -529,6 +541,10 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         q, k, v = self._project(x.query, source, value, x.self_attention, blocked)
         if hooks is not None:
             q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
+        if self.q_norm is not None:  # (after hook_q: it shows the projection, as W_Q reads)
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         # (a cross cache was served above)
         self_cache: KVCache | None = cache  # type: ignore[assignment]
         if self.position is not None or positions is not None:

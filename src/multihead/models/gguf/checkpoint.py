@@ -28,10 +28,12 @@ _CHUNK_BYTES = 2**20  # stored bytes dequantised at a time (Q4_1: ~7 MB of float
 @dataclass(frozen=True)
 class Layout:
     """How a stored tensor becomes the Hugging Face one: `heads` > 0 undoes llama.cpp's
-    rotary row permutation for that many heads; `transpose` swaps a matrix's two axes."""
+    rotary row permutation for that many heads; `transpose` swaps a matrix's two axes; `shift`
+    is added to every value (Gemma's norms: llama.cpp stores 1 + w, Hugging Face w)."""
 
     heads: int = 0
     transpose: bool = False
+    shift: float = 0.0
 
 
 # GGUF tensor name -> (Hugging Face key, layout), or None for a tensor that is not a weight
@@ -98,13 +100,15 @@ class GGUFCheckpoint(Checkpoint):
             step = max(1, _CHUNK_BYTES * rows // max(1, tensor.nbytes))
             for start in range(0, rows, step):
                 stop = min(rows, start + step)
-                out[start:stop].copy_(self._values(tensor, start, stop))
+                out[start:stop].copy_(self._values(tensor, start, stop) + layout.shift)
             return out
         values = self._values(tensor, 0, tensor.shape[0] if tensor.shape else 1)
         if layout.heads:
             values = unpermute_rows(values, layout.heads)
         if layout.transpose and values.dim() == 2:
             values = values.t()
+        if layout.shift:
+            values = values + layout.shift
         if out is None:
             return values.contiguous()
         return out.copy_(values)

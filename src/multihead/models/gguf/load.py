@@ -15,8 +15,11 @@ import torch
 
 from ...modules.lm import CausalLM
 from ..families import CAUSAL_LM_FAMILIES
+from ..gemma.gguf import gemma_gguf_config, gemma_gguf_names
 from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
 from ..llama.gguf import llama_gguf_config, llama_gguf_names
+from ..olmo2.gguf import olmo2_gguf_config, olmo2_gguf_names
+from ..qwen3.gguf import qwen3_gguf_config, qwen3_gguf_names
 from .checkpoint import GGUFCheckpoint, GGUFNames
 from .metadata import Metadata
 from .reader import GGUFFile
@@ -35,6 +38,11 @@ GGUF_ARCHITECTURES: dict[
     "mistral": (llama_gguf_config, llama_gguf_names),
     "qwen2": (llama_gguf_config, llama_gguf_names),
     "gpt2": (gpt2_gguf_config, gpt2_gguf_names),
+    "gemma": (gemma_gguf_config, gemma_gguf_names),
+    "gemma2": (gemma_gguf_config, gemma_gguf_names),
+    "gemma3": (gemma_gguf_config, gemma_gguf_names),
+    "qwen3": (qwen3_gguf_config, qwen3_gguf_names),
+    "olmo2": (olmo2_gguf_config, olmo2_gguf_names),
 }
 
 
@@ -60,15 +68,18 @@ def load_gguf_causal_lm(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    tokenizer: bool = True,
 ) -> CausalLM:
     """The model in a GGUF file, carrying the tokenizer its metadata describes as
-    `model.tokenizer` (a `ModelTokenizer`; None when the file has none). `dtype` None: float32
+    `model.tokenizer` (a `ModelTokenizer`; None when the file has none, or with
+    `tokenizer=False`: token ids only, the tokenizer metadata unread). `dtype` None: float32
     for quantised weights, else the stored float dtype."""
     from ..loading import load_model
 
     file, meta, config = read_gguf(path)
-    parts = gguf_tokenizer(meta)  # before the weights: a refused tokenizer costs nothing
-    tokenizer = None if parts is None else _model_tokenizer(parts)
+    # before the weights: a refused tokenizer costs nothing
+    parts = gguf_tokenizer(meta) if tokenizer else None
+    model_tokenizer = None if parts is None else _model_tokenizer(parts)
     del parts
     for key in _TOKENIZER_ARRAYS:  # ~100,000 Python strings, held by the tokenizer now
         meta.values.pop(key, None)
@@ -82,7 +93,7 @@ def load_gguf_causal_lm(
             message if meta.source in message else f"{meta.source}: {message}"
         ) from None
     assert isinstance(model, CausalLM)
-    model.tokenizer = tokenizer
+    model.tokenizer = model_tokenizer
     return model
 
 
