@@ -88,3 +88,41 @@ def decoder_names(layer_names: dict[str, str], norm_shift: float = 0.0) -> GGUFN
         return name, Layout()  # not ours: the loader names it as unexpected
 
     return rename
+
+
+def check_tensor_shapes(meta: Metadata, config: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+    """A file whose metadata contradicts its tensors (a head count, the width, the MLP size):
+    one error naming the file, the metadata key, the tensor and the shape it implies, before
+    any weight is read. Reads the config.json fields of the Llama-named decoders; tensors a
+    file does not have are not checked."""
+    if "num_attention_heads" not in config:
+        return
+    dim, head_dim = config["hidden_size"], config["head_dim"]
+    q_rows = config["num_attention_heads"] * head_dim
+    kv_rows = config["num_key_value_heads"] * head_dim
+    ffn = config["intermediate_size"]
+    # tensor (per layer: blk.{i}.) -> (expected shape, the metadata keys that imply it)
+    expected = {
+        "attn_q": ((q_rows, dim), "attention.head_count x attention.key_length"),
+        "attn_k": ((kv_rows, dim), "attention.head_count_kv x attention.key_length"),
+        "attn_v": ((kv_rows, dim), "attention.head_count_kv x attention.key_length"),
+        "attn_output": ((dim, q_rows), "embedding_length, attention.head_count x key_length"),
+        "ffn_gate": ((ffn, dim), "feed_forward_length, embedding_length"),
+        "ffn_up": ((ffn, dim), "feed_forward_length, embedding_length"),
+        "ffn_down": ((dim, ffn), "embedding_length, feed_forward_length"),
+    }
+    arch = meta.arch
+    for layer in range(config["num_hidden_layers"]):
+        for stem, (shape, keys) in expected.items():
+            name = f"blk.{layer}.{stem}.weight"
+            got = shapes.get(name)
+            if got is not None and tuple(got) != shape:
+                values = ", ".join(
+                    f"{arch}.{k.strip()} = {meta.values.get(f'{arch}.{k.strip()}')}"
+                    for part in keys.split(",")
+                    for k in part.split(" x ")
+                )
+                raise ValueError(
+                    f"{meta.source}: GGUF metadata contradicts tensor {name} of shape "
+                    f"{tuple(got)}: {values} expect shape {shape}"
+                )

@@ -15,6 +15,7 @@ import torch
 
 from ...modules.lm import CausalLM
 from ..families import CAUSAL_LM_FAMILIES
+from ..decoder_gguf import check_tensor_shapes
 from ..gemma.gguf import gemma_gguf_config, gemma_gguf_names
 from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
 from ..llama.gguf import llama_gguf_config, llama_gguf_names
@@ -57,6 +58,7 @@ def read_gguf(path: str | Path) -> tuple[GGUFFile, Metadata, dict]:
             f"loads GGUF architectures {', '.join(map(repr, GGUF_ARCHITECTURES))}"
         )
     config = GGUF_ARCHITECTURES[arch][0](meta, set(file.tensors))
+    check_tensor_shapes(meta, config, {name: t.shape for name, t in file.tensors.items()})
     embedding = file.tensors.get("token_embd.weight")
     if config.get("vocab_size") is None and embedding is not None:  # no vocab_size, no tokens
         config["vocab_size"] = embedding.shape[0]

@@ -17,4 +17,5 @@ def qwen3_gguf_config(meta: Metadata, tensor_names: set[str]) -> dict:
 
 
 def qwen3_gguf_names(meta: Metadata, config: dict) -> GGUFNames:
-    return decoder_names({})
+    # the norm before the MLP sits where Llama's does: Hugging Face's post_attention_layernorm
+    return decoder_names({"ffn_norm": "post_attention_layernorm"})
