@@ -59,7 +59,7 @@ def reference_attention(
                     continue
                 row = scores[i].masked_fill(~ok, -math.inf)
                 top = row.max()
-                sink = 0.0 if sinks is None else math.exp(float(sinks[h]) - top)
+                sink = 0.0 if sinks is None else math.exp(float(sinks[h].detach()) - top)
                 e = torch.exp(row - top)
                 p = e / (e.sum() + sink)
                 weights[b, h, i] = p

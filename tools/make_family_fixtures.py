@@ -49,10 +49,15 @@ def sentencepiece_model(directory: Path, vocab: int) -> None:
         character_coverage=1.0,
         byte_fallback=False,
         normalization_rule_name="identity",  # (as Gemma's; no 240 KB NFKC table)
-        pad_id=0,
-        eos_id=1,
+        pad_id=0,  # Gemma's special pieces, ids and spellings (so transformers' GemmaTokenizer
+        eos_id=1,  # finds its <bos>, <eos> and <mask> in the vocabulary, adding none)
         bos_id=2,
         unk_id=3,
+        pad_piece="<pad>",
+        eos_piece="<eos>",
+        bos_piece="<bos>",
+        unk_piece="<unk>",
+        user_defined_symbols=["<mask>"],
         minloglevel=2,
     )
     (directory / "tokenizer.vocab").unlink()
@@ -108,6 +113,11 @@ def main() -> None:
         for outtype in ("f32", "q8_0"):
             convert(args.llama_cpp, args.python, hf, target / f"{outtype}.gguf", outtype)
         (hf / "generation_config.json").unlink(missing_ok=True)
+        if family.startswith("gemma"):  # after converting (it reads tokenizer.model): the
+            # SentencePiece model as transformers' tokenizer.json, for the directory loader
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(hf).save_pretrained(hf)
         print(family, sorted(p.name for p in target.rglob("*") if p.is_file()))
 
 

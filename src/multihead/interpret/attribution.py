@@ -15,6 +15,12 @@ bias is a component of its own. With the scale of this input frozen, the compone
 model's logit (difference) exactly up to rounding; what they do not tell is how the scale would
 change if a component were removed (that is what ablation measures).
 
+Blocks that normalise their attention output before it joins the stream (Gemma 2/3, OLMo 2:
+`ln1_post`) have that norm's scale frozen the same way: each head's result and the output bias
+are multiplied by its gain and divided by its scale (`ln1_post.hook_scale`), so they still sum
+to `hook_attn_out`. Under a final-logit soft-cap (Gemma 2) the components sum to the logit
+before the cap, tanh(z / c) * c: `logit` is that z.
+
 Shapes: input_ids (B, T); heads (L, H, B, T); the other components (B, T) or (L, B, T).
 """
 
@@ -84,6 +90,12 @@ def _tokens(name: str, t: Tensor | None, B: int, T: int) -> Tensor | None:
     return t
 
 
+def _uncapped(lm: CausalLM, x: Tensor) -> Tensor:
+    """The logits of the final stream x before the final soft-cap."""
+    head = lm.head
+    return torch.nn.functional.linear(lm.norm_f(x), head.weight, head.bias)
+
+
 def direct_logit_attribution(
     model: nn.Module,
     input_ids: Tensor,
@@ -113,8 +125,11 @@ def direct_logit_attribution(
     names = ["hook_embed", act_name("resid_post", L - 1)]
     if lm.pos is not None:
         names.append("hook_pos_embed")
+    post = [lm.layers[i].norm1_post for i in range(L)]  # (None: the branch joins as it is)
     for i in range(L):
         names += [act_name("result", i), act_name("mlp_out", i)]
+        if post[i] is not None:
+            names.append(f"blocks.{i}.ln1_post.hook_scale")
     with torch.no_grad():
         logits, cache = run_with_cache(lm, input_ids, attention_mask=attention_mask, names=names)
         norm = lm.norm_f
@@ -129,7 +144,7 @@ def direct_logit_attribution(
         unembed = w_u[target]  # (B, T, C)
         if other is not None:
             unembed = unembed - w_u[other]
-        weight = getattr(norm, "weight", None)
+        weight = norm.gain() if isinstance(norm, RMSNorm) else norm.weight  # (Gemma: 1 + w)
         direction = unembed if weight is None else unembed * weight  # the norm's weight folded in
 
         def effect(component: Tensor) -> Tensor:
@@ -138,12 +153,26 @@ def direct_logit_attribution(
                 component = component - component.mean(-1, keepdim=True)
             return (component / scale * direction).sum(-1)
 
-        heads = torch.stack([effect(cache["result", i].movedim(2, 0)) for i in range(L)])
+        def branch(i: int, part: Tensor) -> Tensor:
+            """A head's result (or the bias) as it joins the stream: through ln1_post with
+            its scale frozen, where the block has one."""
+            norm_post = post[i]
+            if norm_post is None:
+                return part
+            return part * norm_post.gain() / cache[f"blocks.{i}.ln1_post.hook_scale"]
+
+        heads = torch.stack(
+            [effect(branch(i, cache["result", i].movedim(2, 0))) for i in range(L)]
+        )
         biases = []
         for i in range(L):
             bias = lm.attention(i).out_proj.bias
-            biases.append(effect(bias.expand_as(x)) if bias is not None else x.new_zeros(B, T))
+            biases.append(
+                effect(branch(i, bias.expand_as(x))) if bias is not None else x.new_zeros(B, T)
+            )
         norm_bias = getattr(norm, "bias", None)
+        if lm.config.final_softcap is not None:  # the logits before the cap
+            logits = _uncapped(lm, x)
         d = torch.gather(logits, -1, target[..., None])[..., 0]
         if other is not None:
             d = d - torch.gather(logits, -1, other[..., None])[..., 0]
