@@ -73,7 +73,9 @@ CASES: dict[str, tuple[str, int, dict, dict]] = {
         "qwen3",
         288,
         dict(num_hidden_layers=2, attention_bias=True, rope_theta=50.0),
-        dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+        dict(
+            num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+        ),
     ),
     "olmo2": ("olmo2", 288, dict(num_hidden_layers=2, rope_theta=50.0), {}),
 }

@@ -13,6 +13,7 @@ from multihead import MultiHeadAttention
 from multihead.functional import available_backends, get_backend
 from multihead.functional.attention import attention, explain
 from multihead.functional.call import make_call
+
 from reference import reference_attention
 
 B, H, HKV, TQ, TK, D = 2, 6, 3, 5, 7, 8
@@ -154,17 +155,22 @@ def test_bad_arguments_are_named():
 def test_module_passes_variants_through():
     torch.manual_seed(0)
     C = 24
-    mha = MultiHeadAttention(C, H, num_kv_heads=HKV, causal=True, scale=0.2, softcap=2.0, sinks=True)
+    mha = MultiHeadAttention(
+        C, H, num_kv_heads=HKV, causal=True, scale=0.2, softcap=2.0, sinks=True
+    )
     with torch.no_grad():
         mha.sinks.normal_(0, 2.0)
     x = torch.randn(B, TQ, C) * 3
-    w = mha.in_proj.weight
-    q = (x @ w[: H * 4].T + mha.in_proj.bias[: H * 4]).view(B, TQ, H, 4).transpose(1, 2)
-    kv = x @ w[H * 4 :].T + mha.in_proj.bias[H * 4 :]
-    k, v = (t.reshape(B, TQ, HKV, 4).transpose(1, 2) for t in kv.split(HKV * 4, dim=-1))
-    ref, ref_w = reference_attention(q, k, v, causal=True, scale=0.2, softcap=2.0, sinks=mha.sinks.detach())
-    want = ref.transpose(1, 2).reshape(B, TQ, H * 4) @ mha.out_proj.weight.double().T
-    want = want + mha.out_proj.bias.double()
+    with torch.no_grad():  # (the reference, by hand from the module's weights)
+        w, b = mha.in_proj.weight, mha.in_proj.bias
+        q = (x @ w[: H * 4].T + b[: H * 4]).view(B, TQ, H, 4).transpose(1, 2)
+        kv = x @ w[H * 4 :].T + b[H * 4 :]
+        k, v = (t.reshape(B, TQ, HKV, 4).transpose(1, 2) for t in kv.split(HKV * 4, dim=-1))
+        ref, ref_w = reference_attention(
+            q, k, v, causal=True, scale=0.2, softcap=2.0, sinks=mha.sinks
+        )
+        want = ref.transpose(1, 2).reshape(B, TQ, H * 4) @ mha.out_proj.weight.double().T
+        want = want + mha.out_proj.bias.double()
     out, weights = mha(x, return_weights=True)
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(weights.double(), ref_w, atol=1e-5, rtol=1e-4)

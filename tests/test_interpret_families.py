@@ -38,7 +38,7 @@ def test_hook_points_and_where_norms_and_caps_sit(family_model):
     hook_attn_scores: rot_q . rot_k * scale, soft-capped, blocked keys at -inf (as
     TransformerLens applies its attn_scores_soft_cap before the hook); hook_pattern: their
     softmax."""
-    family, _, model, ids = family_model
+    _, _, model, ids = family_model
     with torch.no_grad():
         logits, cache = run_with_cache(model, ids)
     c = model.config
@@ -62,9 +62,13 @@ def test_hook_points_and_where_norms_and_caps_sit(family_model):
         pos = torch.arange(T)
         allowed = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
         scores = scores.masked_fill(~allowed, -math.inf)
-        torch.testing.assert_close(cache[f"blocks.{i}.attn.hook_attn_scores"], scores, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            cache[f"blocks.{i}.attn.hook_attn_scores"], scores, atol=1e-4, rtol=1e-5
+        )
         pattern = torch.softmax(scores, dim=-1)
-        torch.testing.assert_close(cache[f"blocks.{i}.attn.hook_pattern"], pattern, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            cache[f"blocks.{i}.attn.hook_pattern"], pattern, atol=1e-5, rtol=0
+        )
     # hook_logits is the model's output, after the final soft-cap
     torch.testing.assert_close(cache["hook_logits"], logits)
     if c.final_softcap is not None:
@@ -72,7 +76,7 @@ def test_hook_points_and_where_norms_and_caps_sit(family_model):
 
 
 def test_weights_and_process_weights(family_model):
-    family, directory, model, ids = family_model
+    _, directory, model, ids = family_model
     c = model.config
     assert model.W_Q.shape == (c.num_layers, c.num_heads, c.dim, c.head_dim)
     assert model.W_K.shape == model.W_Q.shape  # (grouped heads repeated, as TransformerLens)
@@ -101,7 +105,7 @@ def test_weights_and_process_weights(family_model):
 
 
 def test_ablation_patching_and_attribution(family_model):
-    family, _, model, ids = family_model
+    _, _, model, ids = family_model
     corrupted = ids.flip(-1)
     target = ids[:, -1]
 
@@ -131,7 +135,7 @@ def test_ablation_patching_and_attribution(family_model):
 def test_direct_logit_attribution_sums_to_the_logit(family_model):
     """Heads' results (through a frozen ln1_post where the family has one), biases, MLPs and
     the embedding sum to the target's logit (before the final soft-cap)."""
-    family, _, model, ids = family_model
+    _, _, model, ids = family_model
     targets = ids.roll(-1, dims=1)
     dla = direct_logit_attribution(model, ids, targets)
     with torch.no_grad():
@@ -143,7 +147,7 @@ def test_direct_logit_attribution_sums_to_the_logit(family_model):
 
 
 def test_logit_lens_last_layer_is_the_model(family_model):
-    family, _, model, ids = family_model
+    _, _, model, ids = family_model
     lens = logit_lens(model, ids, keep_logits=True)
     with torch.no_grad():
         logits = model(ids)
@@ -163,3 +167,30 @@ def test_cli_inspect(family, tmp_path, capsys):
     config = multihead.load(str(directory)).config
     assert f"causal LM, {config.num_layers} layers x {config.num_heads} heads" in printed.out
     assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("family", ["gemma", "qwen3"])
+def test_cache_decomposition_sums_to_the_logit(family, tmp_path):
+    """Pre-norm families: the full decomposition sums to the final stream and, through the
+    final norm (Gemma's 1 + w gain) and the head, to the logit; post-norm families refuse it by
+    name (heads' results do not sum through ln1_post)."""
+    build(family, tmp_path / "m", seed=5)
+    model = multihead.load(str(tmp_path / "m"))
+    ids = token_ids(model.config.vocab_size)
+    with torch.no_grad():
+        logits, cache = run_with_cache(model, ids)
+        full = cache.get_full_resid_decomposition(pos_slice=-1)  # (n, B, C)
+        final = cache["resid_post", model.config.num_layers - 1][:, -1]
+        torch.testing.assert_close(full.sum(0), final, atol=1e-4, rtol=1e-5)
+        target = ids[:, 0]
+        attrs = cache.logit_attrs(full, target, pos_slice=-1)  # (n, B)
+    want = logits[:, -1].gather(-1, target[:, None])[:, 0]
+    torch.testing.assert_close(attrs.sum(0), want, atol=1e-3, rtol=1e-4)
+
+
+def test_cache_decomposition_refuses_post_norm_blocks(tmp_path):
+    build("olmo2", tmp_path / "m", seed=5)
+    model = multihead.load(str(tmp_path / "m"))
+    _, cache = run_with_cache(model, token_ids(model.config.vocab_size))
+    with pytest.raises(ValueError, match=r"blocks\.0\.ln1_post normalises the attention output"):
+        cache.get_full_resid_decomposition()

@@ -34,13 +34,15 @@ def checkpoint(request, tmp_path_factory):
 
 
 def test_directory_logits_and_patterns(checkpoint):
-    family, directory, _, ids, want = checkpoint
+    _, directory, _, ids, want = checkpoint
     model = multihead.load(str(directory))
     with torch.no_grad():
         logits, cache = model.run_with_cache(ids)
     torch.testing.assert_close(logits, want.logits, atol=ATOL, rtol=0)
     for i, pattern in enumerate(want.attentions):
-        torch.testing.assert_close(cache[f"blocks.{i}.attn.hook_pattern"], pattern, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            cache[f"blocks.{i}.attn.hook_pattern"], pattern, atol=1e-5, rtol=0
+        )
 
 
 def test_hf_cache(checkpoint, tmp_path, monkeypatch):

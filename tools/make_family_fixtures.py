@@ -82,7 +82,9 @@ def bpe_tokenizer(directory: Path, vocab: int) -> None:
     # transformers 5 names its class TokenizersBackend, which the converter's transformers 4
     # does not know; the class that reads tokenizer.json in both is PreTrainedTokenizerFast
     config = directory / "tokenizer_config.json"
-    config.write_text(config.read_text().replace('"TokenizersBackend"', '"PreTrainedTokenizerFast"'))
+    config.write_text(
+        config.read_text().replace('"TokenizersBackend"', '"PreTrainedTokenizerFast"')
+    )
 
 
 def convert(llama_cpp: Path, python: str, hf: Path, out: Path, outtype: str) -> None:

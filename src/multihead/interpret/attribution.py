@@ -157,13 +157,13 @@ def direct_logit_attribution(
             """A head's result (or the bias) as it joins the stream: through ln1_post with
             its scale frozen, where the block has one."""
             norm_post = post[i]
-            if norm_post is None:
+            if not isinstance(norm_post, RMSNorm):  # (None: no ln1_post)
                 return part
-            return part * norm_post.gain() / cache[f"blocks.{i}.ln1_post.hook_scale"]
+            part = part / cache[f"blocks.{i}.ln1_post.hook_scale"]
+            gain = norm_post.gain()
+            return part if gain is None else part * gain
 
-        heads = torch.stack(
-            [effect(branch(i, cache["result", i].movedim(2, 0))) for i in range(L)]
-        )
+        heads = torch.stack([effect(branch(i, cache["result", i].movedim(2, 0))) for i in range(L)])
         biases = []
         for i in range(L):
             bias = lm.attention(i).out_proj.bias

@@ -54,7 +54,9 @@ def decoder_sizes(
     mt = f.model_type
     dim, heads = f.int("hidden_size"), f.int("num_attention_heads")
     if heads > dim:
-        raise ValueError(f"config.json ({mt}): num_attention_heads {heads} exceeds hidden_size {dim}")
+        raise ValueError(
+            f"config.json ({mt}): num_attention_heads {heads} exceeds hidden_size {dim}"
+        )
     kv_heads = f.int("num_key_value_heads", kv_default or heads)
     if heads % kv_heads:
         raise ValueError(

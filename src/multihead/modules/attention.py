@@ -122,7 +122,8 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
     Hook points (see `multihead.interpret`): hook_q, hook_k, hook_v (B, T, H or Hkv, D; before
     rotation), hook_rot_q, hook_rot_k (after RoPE; only with it), hook_attn_scores, hook_pattern
     (B, H, Tq, Tk; scores after scale and soft-capping, with blocked keys at -inf; the
-    pattern's rows sum to 1 minus the sink's share where there are sinks), hook_z (B, Tq, H, D), hook_result (B, Tq, H, C).
+    pattern's rows sum to 1 minus the sink's share where there are sinks), hook_z
+    (B, Tq, H, D), hook_result (B, Tq, H, C).
 
     Per-head weights by TransformerLens' names (W_Q, W_K, W_V, W_O, b_*, _W_K, QK, OV): see
     `multihead.modules.weights`.

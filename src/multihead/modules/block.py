@@ -156,11 +156,12 @@ class TransformerBlock(nn.Module):
         def new_norm() -> nn.Module:
             return make_norm(norm, dim, norm_eps, norm_offset, **factory)
 
-        qk: dict[str, nn.Module | None] = {"q_norm": None, "k_norm": None}
-        if qk_norm is not None:
+        q_norm = k_norm = None
+        if qk_norm is not None:  # (Qwen3, Gemma 3: per head; OLMo 2: over the width)
             hd = head_dim or dim // num_heads
-            heads = {"q_norm": num_heads, "k_norm": num_kv_heads or num_heads}
-            qk = {n: HeadNorm(qk_norm, h, hd, norm_eps, norm_offset, **factory) for n, h in heads.items()}
+            q_norm = HeadNorm(qk_norm, num_heads, hd, norm_eps, norm_offset, **factory)
+            kv = num_kv_heads or num_heads
+            k_norm = HeadNorm(qk_norm, kv, hd, norm_eps, norm_offset, **factory)
         self.attn = MultiHeadAttention(
             dim,
             num_heads,
@@ -173,7 +174,8 @@ class TransformerBlock(nn.Module):
             position=position,
             scale=attn_scale,
             softcap=attn_softcap,
-            **qk,
+            q_norm=q_norm,
+            k_norm=k_norm,
             **factory,
         )
         self.branch_norms = branch_norms
@@ -213,7 +215,7 @@ class TransformerBlock(nn.Module):
 
     # TransformerLens' attribute names, beside ours (not registered twice: state_dict unchanged)
     @property
-    def ln1(self) -> nn.Module:
+    def ln1(self) -> nn.Module | None:
         return self.norm1
 
     @property
@@ -311,7 +313,9 @@ class TransformerBlock(nn.Module):
                 m = self.ffn(self.norm2(x) if self.norm_first and self.norm2 is not None else x)
                 if self.norm2_post is not None:
                     m = self.norm2_post(m)
-                x = self._add(x, self.dropout(m), self.norm2, hooks, "hook_mlp_out", "hook_resid_post")
+                x = self._add(
+                    x, self.dropout(m), self.norm2, hooks, "hook_mlp_out", "hook_resid_post"
+                )
             elif hooks is not None:  # attention-only: the stream passes on unchanged
                 x = hooks("hook_resid_post", x)
         except (ValueError, TypeError):

@@ -16,9 +16,9 @@ logits by a constant, which softmax ignores), with simpler weights to read:
 Gemma's RMSNorm gain (1 + w) folds as its gain. Norms after a projection (q/k norms) or after a
 branch (Gemma 2/3 and OLMo 2's post-norms) have no reader to fold into and stay as they are;
 centring the unembedding is refused under a final-logit soft-cap (tanh does not pass a shift
-through). RMSNorm removes no mean, so RMSNorm models are folded only (TransformerLens' rule): the two
-centrings are skipped with a warning. Post-norm encoders (BERT: the residual stream itself is a
-norm's output) and cross-attention decoders cannot be folded this way: they raise.
+through). RMSNorm removes no mean, so RMSNorm models are folded only (TransformerLens' rule):
+the two centrings are skipped with a warning. Post-norm encoders (BERT: the residual stream
+itself is a norm's output) and cross-attention decoders cannot be folded this way: they raise.
 
 Arithmetic runs in float64 and is written back in place in the parameters' dtype, so the
 parameters keep their memory layout (CausalLM's column-major matrices).
@@ -56,10 +56,11 @@ def process_weights_(
     blocks: list[TransformerBlock] = list(model.layers)  # type: ignore[arg-type]
     _check_foldable(model, blocks, fold_ln or center_writing_weights)
     config = getattr(model, "config", None)
-    if center_unembed and getattr(config, "final_softcap", None) is not None:
+    cap = getattr(config, "final_softcap", None)
+    if center_unembed and cap is not None:
         raise ValueError(
             f"center_unembed: this model soft-caps its logits (final_softcap="
-            f"{config.final_softcap}), so a constant shift of the logits does not pass through "
+            f"{cap}), so a constant shift of the logits does not pass through "
             "unchanged; pass center_unembed=False"
         )
     parts: dict[str, Any] = model.weight_parts()  # type: ignore[operator]

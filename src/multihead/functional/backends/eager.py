@@ -10,10 +10,11 @@ keys and adds no value (gpt-oss). The weights returned are the keys' probabiliti
 sum to less than 1. A row with no key left is zeros with or without sinks (its mass is all the
 sink's).
 
-It also serves the `hook_attn_scores` / `hook_pattern` hook points: `on_scores` sees the scaled (and
-soft-capped), biased scores with blocked keys at -inf, `on_pattern` the probabilities; either may return a
-replacement, which the rest of the computation uses. Replaced scores keep blocked keys blocked;
-a replaced pattern is used as given (weight it puts on a blocked key is applied).
+It also serves the `hook_attn_scores` / `hook_pattern` hook points: `on_scores` sees the
+scaled (and soft-capped), biased scores with blocked keys at -inf, `on_pattern` the
+probabilities; either may return a replacement, which the rest of the computation uses.
+Replaced scores keep blocked keys blocked; a replaced pattern is used as given (weight it puts
+on a blocked key is applied).
 
 Non-finite inputs follow torch's math backend (the rule every backend follows): NaN in q, k, v
 or bias makes NaN the output rows it reaches (NaN in q or k reaches its row even through a

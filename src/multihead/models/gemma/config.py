@@ -43,7 +43,11 @@ def _gemma3_rope(f: Fields, max_positions: int) -> tuple[dict, float]:
         full = dict(params.get("full_attention") or {})
         full.setdefault("rope_theta", 1_000_000.0)
         return rope(f, full, max_positions), base.number("rope_theta", 10_000.0, minimum=1.0)
-    fields = rope(Fields({**f.config, "rope_theta": f.config.get("rope_theta", 1e6)}, f.model_type), None, max_positions)
+    fields = rope(
+        Fields({**f.config, "rope_theta": f.config.get("rope_theta", 1e6)}, f.model_type),
+        None,
+        max_positions,
+    )
     return fields, f.number("rope_local_base_freq", 10_000.0, minimum=1.0)
 
 
@@ -78,7 +82,9 @@ def gemma_config(config: dict) -> LMConfig:
     )
     if model_type == "gemma2":
         full = full_layers(f, layers, pattern)
-        return LMConfig(**fields, full_attention_layers=full, **rope(f, None, sizes["max_positions"]))
+        return LMConfig(
+            **fields, full_attention_layers=full, **rope(f, None, sizes["max_positions"])
+        )
     window_pattern = f.int("sliding_window_pattern", pattern)
     full = full_layers(f, layers, window_pattern)
     global_rope, local_theta = _gemma3_rope(f, sizes["max_positions"])

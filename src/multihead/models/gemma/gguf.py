@@ -14,7 +14,11 @@ from ..gguf.checkpoint import GGUFNames
 from ..gguf.metadata import Metadata
 
 # general.architecture -> (model_type, default window pattern, block count of the 27B model)
-_ARCHS = {"gemma": ("gemma", None, None), "gemma2": ("gemma2", 2, 46), "gemma3": ("gemma3_text", 6, 62)}
+_ARCHS = {
+    "gemma": ("gemma", None, None),
+    "gemma2": ("gemma2", 2, 46),
+    "gemma3": ("gemma3_text", 6, 62),
+}
 
 
 def _layer_types(meta: Metadata, layers: int, pattern: int) -> list[str]:
@@ -42,7 +46,9 @@ def gemma_gguf_config(meta: Metadata, tensor_names: set[str]) -> dict:
     config.update(rope_fields(meta))
     if pattern is None:
         return config
-    layers, dim, heads = (config[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
+    layers, dim, heads = (
+        config[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads")
+    )
     config["query_pre_attn_scalar"] = dim // heads if layers == layers_27b else config["head_dim"]
     config["final_logit_softcapping"] = meta.get("final_logit_softcapping", None, kind=float)
     window = meta.get("attention.sliding_window", None)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...modules.lm import CausalLM
-from ..families import CAUSAL_LM_FAMILIES
 from ..decoder_gguf import check_tensor_shapes
+from ..families import CAUSAL_LM_FAMILIES
 from ..gemma.gguf import gemma_gguf_config, gemma_gguf_names
 from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
 from ..llama.gguf import llama_gguf_config, llama_gguf_names

@@ -1,5 +1,5 @@
-"""OLMo 2 (Hugging Face Olmo2ForCausalLM) as a multihead CausalLM: config reader, key map (the shared decoder
-key map, models/decoder_keys.py), GGUF names, family."""
+"""OLMo 2 (Hugging Face Olmo2ForCausalLM) as a multihead CausalLM: config reader, key map
+(the shared decoder key map, models/decoder_keys.py), GGUF names, family."""
 
 from ...modules.lm import CausalLM
 from ..decoder import finish_causal_lm, tied_head
@@ -20,4 +20,4 @@ OLMO2 = Family(
 )
 MODEL_TYPES = ("olmo2",)
 
-__all__ = ["OLMO2", "MODEL_TYPES", "olmo2_config"]
+__all__ = ["MODEL_TYPES", "OLMO2", "olmo2_config"]

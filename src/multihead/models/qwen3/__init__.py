@@ -1,5 +1,5 @@
-"""Qwen3 (Hugging Face Qwen3ForCausalLM) as a multihead CausalLM: config reader, key map (the shared decoder
-key map, models/decoder_keys.py), GGUF names, family."""
+"""Qwen3 (Hugging Face Qwen3ForCausalLM) as a multihead CausalLM: config reader, key map
+(the shared decoder key map, models/decoder_keys.py), GGUF names, family."""
 
 from ...modules.lm import CausalLM
 from ..decoder import finish_causal_lm, tied_head
@@ -20,4 +20,4 @@ QWEN3 = Family(
 )
 MODEL_TYPES = ("qwen3",)
 
-__all__ = ["QWEN3", "MODEL_TYPES", "qwen3_config"]
+__all__ = ["MODEL_TYPES", "QWEN3", "qwen3_config"]
