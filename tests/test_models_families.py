@@ -217,3 +217,27 @@ def test_gguf_metadata_contradicting_its_tensors_is_refused(tmp_path):
     message = str(e.value)
     assert message.startswith(f"{str(path)!r}: GGUF metadata contradicts tensor blk.0.attn_k")
     assert "gemma2.attention.head_count_kv = 4" in message and "expect shape (32, 32)" in message
+
+
+@pytest.mark.parametrize("family", ["gemma3"])  # (attention soft-capping: test_attention_variants)
+def test_compile_fullgraph_one_graph_for_every_length(family, tmp_path):
+    """Final soft-cap, per-layer windows and RoPE bases, q/k norms and post-norms trace: one graph
+    (dynamo's CompileCounter backend) for every length, padded or not, equal to eager."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    build(family, tmp_path / "m")
+    model = multihead.load(str(tmp_path / "m"))
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for T in (7, 11, 13):
+            ids = torch.randint(0, model.config.vocab_size, (2, T))
+            mask = torch.ones(2, T, dtype=torch.long)
+            mask[1, :3] = 0
+            torch.testing.assert_close(compiled(ids), model(ids))
+            torch.testing.assert_close(
+                compiled(ids, attention_mask=mask), model(ids, attention_mask=mask)
+            )
+    assert counter.frame_count == 2  # with and without attention_mask

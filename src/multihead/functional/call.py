@@ -278,12 +278,15 @@ def make_call(
     own_views: bool = False,
     softcap: float | None = None,
     sinks: Tensor | None = None,
+    variants_checked: bool = False,
 ) -> AttentionCall:
     """Validate an attention call once, with errors that name the argument and its shape.
 
     `qkv_checked=True`: the caller shaped q, k and v itself (a module after its projections),
     so their mutual consistency holds by construction and is not re-tested. `own_views=True`:
     see `AttentionCall.own_views` (a module's projections that no hook has seen).
+    `variants_checked=True`: `scale` and `softcap` were checked when the caller was built (a
+    module's own; re-checking a float under torch.compile(dynamic=True) would break the graph).
     """
     if not qkv_checked:
         check_qkv(q, k, v)
@@ -309,14 +312,15 @@ def make_call(
         check_flag("return_weights", return_weights)
     if type(dropout_p) is not float or dropout_p != 0.0:
         dropout_p = check_dropout(dropout_p)
-    if softcap is not None:
+    if softcap is not None and not variants_checked:
         softcap = check_softcap(softcap)
     if sinks is not None:
         sinks = check_sinks(sinks, q)
     D = q.shape[3]
     return AttentionCall(
         q, k, v, mask, bias, causal,
-        default_scale(D) if scale is None else resolve_scale(scale, D, scale_rule), dropout_p,
+        default_scale(D) if scale is None
+        else scale if variants_checked else resolve_scale(scale, D, scale_rule), dropout_p,
         return_weights, structure, own_views, softcap, sinks,
     )  # fmt: skip
 

@@ -215,7 +215,12 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
 
     def _variants(self) -> dict:
         """The attention-variant arguments of this module's calls (see `make_call`)."""
-        return {"scale": self.scale, "softcap": self.softcap, "sinks": self.sinks}
+        return {
+            "scale": self.scale,
+            "softcap": self.softcap,
+            "sinks": self.sinks,
+            "variants_checked": True,  # (at construction)
+        }
 
     def extra_repr(self) -> str:
         return (
