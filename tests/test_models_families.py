@@ -219,6 +219,7 @@ def test_gguf_metadata_contradicting_its_tensors_is_refused(tmp_path):
     assert "gemma2.attention.head_count_kv = 4" in message and "expect shape (32, 32)" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma3"])  # (attention soft-capping: test_attention_variants)
 def test_compile_fullgraph_one_graph_for_every_length(family, tmp_path):
     """Final soft-cap, per-layer windows and RoPE bases, q/k norms and post-norms trace: one graph
@@ -241,3 +242,28 @@ def test_compile_fullgraph_one_graph_for_every_length(family, tmp_path):
                 compiled(ids, attention_mask=mask), model(ids, attention_mask=mask)
             )
     assert counter.frame_count == 2  # with and without attention_mask
+
+
+def _tensor_parallel_refuses(rank: int, world: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from multihead.modules import CausalLM as LM
+    from multihead.modules import LMConfig
+    from multihead.parallel import tensor_parallel
+
+    config = LMConfig(vocab_size=37, dim=24, num_layers=1, num_heads=4, ffn_dim=16,
+                      position="rope", norm="rmsnorm", qk_norm="width", branch_norms="post")  # fmt: skip
+    mesh = init_device_mesh("cpu", (world,))
+    try:
+        tensor_parallel(LM(config).eval(), mesh)
+    except ValueError as e:
+        assert "HeadParallel does not shard a q/k norm over the width" in str(e), str(e)
+        return
+    raise AssertionError("OLMo 2's width-wise q/k norm was sharded by heads")
+
+
+@pytest.mark.slow  # (a spawned one-rank gloo world)
+def test_tensor_parallel_refuses_what_it_cannot_split():
+    from helpers_parallel import run_world
+
+    run_world(_tensor_parallel_refuses, 1)
