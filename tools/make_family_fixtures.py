@@ -12,7 +12,7 @@ tokenizer it does not recognise by hash; tools/convert_with_known_pre.py runs it
 pre-tokenizer named ("gpt-2": our tokenizers split as GPT-2 does).
 
 Why committed files rather than conversion at test time: CI would need a second Python
-environment with the converter's pinned transformers; the fixtures are ~1 MB in all and the
+environment with the converter's pinned transformers; the fixtures are 1.9 MB in all and the
 tests read them in well under a second.
 """
 
