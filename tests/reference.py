@@ -21,8 +21,13 @@ def reference_attention(
     bias: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> out (B, H, Tq, Dv), weights."""
+    """q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> out (B, H, Tq, Dv), weights.
+
+    `softcap` c: scores s -> c * tanh(s / c) before the bias (Gemma 2); `sinks` (H,): one more
+    logit per head in each row's normaliser, whose probability is dropped (gpt-oss)."""
     q, k, v = q.double(), k.double(), v.double()
     B, H, Tq, D = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -44,14 +49,19 @@ def reference_attention(
     for b in range(B):
         for h in range(H):
             g = h // group
-            scores = q[b, h] @ k[b, g].T * scale + full_bias[b, h]  # (Tq, Tk)
+            scores = q[b, h] @ k[b, g].T * scale  # (Tq, Tk)
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            scores = scores + full_bias[b, h]
             for i in range(Tq):
                 ok = allowed[b, h, i] & (scores[i] > -math.inf)
                 if not ok.any():
                     continue
                 row = scores[i].masked_fill(~ok, -math.inf)
-                e = torch.exp(row - row.max())
-                p = e / e.sum()
+                top = row.max()
+                sink = 0.0 if sinks is None else math.exp(float(sinks[h].detach()) - top)
+                e = torch.exp(row - top)
+                p = e / (e.sum() + sink)
                 weights[b, h, i] = p
                 out[b, h, i] = p @ v[b, g]
     return out, weights

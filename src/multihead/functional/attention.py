@@ -80,6 +80,8 @@ def attention(
     prefix: int | Tensor | None = None,
     mask_mod: MaskMod | None = None,
     block_size: int | tuple[int, int] | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ):
     """Scaled dot-product attention over heads, with grouped-query support.
 
@@ -94,6 +96,12 @@ def attention(
         causal: query i may see keys `0 .. i + Tk - Tq` (aligned bottom-right, as decoding
             with a KV cache needs). Combines with `mask` and `bias`.
         scale: multiplies `q @ k^T`; defaults to `1 / sqrt(D)`.
+        softcap: logit soft-capping (Gemma 2): the scaled scores s become
+            `tanh(s / softcap) * softcap`, before `bias` and the mask are applied.
+        sinks: `(H,)` per-head sink logits (gpt-oss): each row's softmax gets one more column,
+            the head's sink logit (not scaled or capped), whose probability is dropped; it
+            takes mass from the keys and contributes no value. Weights then sum to less
+            than 1; a row with no allowed key is still zeros.
         dropout_p: dropout on the attention probabilities (apply it only in training).
         return_weights: also return the weights `(B, H, Tq, Tk)` (after dropout, as torch does);
             this runs the eager backend.
@@ -136,6 +144,8 @@ def attention(
         prefix=prefix,
         mask_mod=mask_mod,
         block_size=block_size,
+        softcap=softcap,
+        sinks=sinks,
     )
     out, weights = dispatch(call, backend)
     hooks = hooks_for(FUNCTION)  # only `capture()` without a model observes bare calls
@@ -175,7 +185,8 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Explanation:
     """Tell which backend `attention(q, k, v, **kwargs)` would run, and why the others would not."""
     backend = kwargs.pop("backend", "auto")
     known = {"mask", "bias", "causal", "scale", "dropout_p", "return_weights"}
-    unknown = set(kwargs) - known - {"window", "documents", "prefix", "mask_mod", "block_size"}
+    known |= {"window", "documents", "prefix", "mask_mod", "block_size", "softcap", "sinks"}
+    unknown = set(kwargs) - known
     if unknown:
         raise TypeError(f"explain() got unexpected keyword arguments: {sorted(unknown)}")
     call = make_call(q, k, v, **kwargs)

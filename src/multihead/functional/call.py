@@ -52,6 +52,12 @@ class AttentionCall(NamedTuple):
     # a hook or retained gradient on any view between the projection and q, k, v would be
     # skipped, and autograd cannot show them.
     own_views: bool = False
+    # Attention variants (see `attention()`): logit soft-capping `tanh(s / c) * c` of the scaled
+    # scores, before bias and masking (Gemma 2); per-head sink logits (H,) that join each row's
+    # softmax as one more column and bring no value (gpt-oss). Backends that cannot apply them
+    # say so in why_not (`variant_reasons`).
+    softcap: float | None = None
+    sinks: Tensor | None = None
 
     @property
     def groups(self) -> int:
@@ -205,6 +211,44 @@ def resolve_scale(scale: object, head_dim: int, rule: ScaleRule = "positive") ->
     return float(scale)
 
 
+def check_softcap(softcap: object) -> float | None:
+    """None, or a finite positive float: the scores become `tanh(s / softcap) * softcap`."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float or None, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(f"softcap must be finite and positive, got {softcap}")
+    return float(softcap)
+
+
+def check_sinks(sinks: object, q: Tensor) -> Tensor:
+    """Per-head sink logits: a floating (H,) tensor on q's device (H = query heads)."""
+    if not isinstance(sinks, Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks must be a floating-point tensor, got dtype {sinks.dtype}")
+    if sinks.shape != (q.shape[1],):
+        raise ValueError(
+            f"sinks must have shape (H,) = ({q.shape[1]},), one logit per query head of "
+            f"q {shape_str(q)}; got {shape_str(sinks)}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"sinks is on {sinks.device} but the inputs are on {q.device}")
+    return sinks
+
+
+def variant_reasons(call: AttentionCall, what: str) -> list[str]:
+    """The why_not lines of a backend that applies neither soft-capping nor sinks (`what`
+    names the kernel): empty for calls without them."""
+    reasons = []
+    if call.softcap is not None:
+        reasons.append(f"{what} has no logit soft-capping (softcap=; the eager backend has)")
+    if call.sinks is not None:
+        reasons.append(f"{what} has no sink logits (sinks=; the eager backend has)")
+    return reasons
+
+
 def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(dropout_p).__name__}")
@@ -232,12 +276,17 @@ def make_call(
     qkv_checked: bool = False,
     scale_rule: ScaleRule = "positive",
     own_views: bool = False,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    variants_checked: bool = False,
 ) -> AttentionCall:
     """Validate an attention call once, with errors that name the argument and its shape.
 
     `qkv_checked=True`: the caller shaped q, k and v itself (a module after its projections),
     so their mutual consistency holds by construction and is not re-tested. `own_views=True`:
     see `AttentionCall.own_views` (a module's projections that no hook has seen).
+    `variants_checked=True`: `scale` and `softcap` were checked when the caller was built (a
+    module's own; re-checking a float under torch.compile(dynamic=True) would break the graph).
     """
     if not qkv_checked:
         check_qkv(q, k, v)
@@ -263,11 +312,16 @@ def make_call(
         check_flag("return_weights", return_weights)
     if type(dropout_p) is not float or dropout_p != 0.0:
         dropout_p = check_dropout(dropout_p)
+    if softcap is not None and not variants_checked:
+        softcap = check_softcap(softcap)
+    if sinks is not None:
+        sinks = check_sinks(sinks, q)
     D = q.shape[3]
     return AttentionCall(
         q, k, v, mask, bias, causal,
-        default_scale(D) if scale is None else resolve_scale(scale, D, scale_rule), dropout_p,
-        return_weights, structure, own_views,
+        default_scale(D) if scale is None
+        else scale if variants_checked else resolve_scale(scale, D, scale_rule), dropout_p,
+        return_weights, structure, own_views, softcap, sinks,
     )  # fmt: skip
 
 

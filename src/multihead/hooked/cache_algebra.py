@@ -174,6 +174,12 @@ class CacheAlgebra:
     def _head_results(self, layer: int) -> Tensor:
         """(..., T, H, C): each head's output z_h @ W_O[h] from the cached hook_z, without a
         second run (the output projection's bias is not a head's; it sums into attn_out)."""
+        if getattr(self._lm().layers[layer], "norm1_post", None) is not None:
+            raise ValueError(
+                f"blocks.{layer}.ln1_post normalises the attention output before it joins the "
+                "stream (Gemma 2/3, OLMo 2), so heads' results do not sum to it; "
+                "direct_logit_attribution freezes that norm's scale per head"
+            )
         cached = self._store.get(f"blocks.{layer}.attn.hook_result")
         if cached is not None:
             return cached
@@ -265,9 +271,15 @@ class CacheAlgebra:
         block = lm.layers[layer]
         if not getattr(block, "norm_first", True):
             raise ValueError("a post-norm block has no norm in front of it to apply")
+        norm = block.norm2 if mlp_input else block.norm1
+        if norm is None:
+            raise ValueError(
+                f"block {layer} has no norm before its {'MLP' if mlp_input else 'attention'} "
+                "(OLMo 2 normalises each branch's output instead): nothing to apply"
+            )
         if mlp_input:
-            return block.norm2, f"blocks.{layer}.ln2.hook_scale"
-        return block.norm1, f"blocks.{layer}.ln1.hook_scale"
+            return norm, f"blocks.{layer}.ln2.hook_scale"
+        return norm, f"blocks.{layer}.ln1.hook_scale"
 
     def apply_ln_to_stack(
         self,
@@ -320,7 +332,8 @@ class CacheAlgebra:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
             raise ValueError(f"tokens must be ids in [0, {V}), got {ids.min()}..{ids.max()}")
         direction = w_u[ids]
-        weight = getattr(lm.norm_f, "weight", None)
+        norm = lm.norm_f
+        weight = norm.gain() if isinstance(norm, RMSNorm) else getattr(norm, "weight", None)
         return direction if weight is None else direction * weight
 
     def logit_attrs(

@@ -15,6 +15,12 @@ bias is a component of its own. With the scale of this input frozen, the compone
 model's logit (difference) exactly up to rounding; what they do not tell is how the scale would
 change if a component were removed (that is what ablation measures).
 
+Blocks that normalise their attention output before it joins the stream (Gemma 2/3, OLMo 2:
+`ln1_post`) have that norm's scale frozen the same way: each head's result and the output bias
+are multiplied by its gain and divided by its scale (`ln1_post.hook_scale`), so they still sum
+to `hook_attn_out`. Under a final-logit soft-cap (Gemma 2) the components sum to the logit
+before the cap, tanh(z / c) * c: `logit` is that z.
+
 Shapes: input_ids (B, T); heads (L, H, B, T); the other components (B, T) or (L, B, T).
 """
 
@@ -92,7 +98,8 @@ def logit_readout(lm: nn.Module) -> LogitReadout:
         return LogitReadout(
             centred=not isinstance(norm, RMSNorm),
             eps=float(getattr(norm, "eps", 0.0)),
-            weight=getattr(norm, "weight", None),
+            # the norm's effective gain (Gemma: 1 + w)
+            weight=norm.gain() if isinstance(norm, RMSNorm) else getattr(norm, "weight", None),
             bias=getattr(norm, "bias", None),
             unembed=lm.head.weight,
             unembed_bias=None,
@@ -104,6 +111,12 @@ def logit_readout(lm: nn.Module) -> LogitReadout:
     if callable(readout):
         return readout()
     raise TypeError(f"direct logit attribution reads a CausalLM, got {type(lm).__name__}")
+
+
+def _uncapped(lm: CausalLM, x: Tensor) -> Tensor:
+    """The logits of the final stream x before the final soft-cap."""
+    head = lm.head
+    return torch.nn.functional.linear(lm.norm_f(x), head.weight, head.bias)
 
 
 def direct_logit_attribution(
@@ -134,8 +147,11 @@ def direct_logit_attribution(
     names = ["hook_embed", act_name("resid_post", L - 1)]
     if read.has_pos:
         names.append("hook_pos_embed")
+    post = [getattr(lm.layers[i], "norm1_post", None) for i in range(L)]  # (None: joins as it is)
     for i in range(L):
         names += [act_name("result", i), act_name("mlp_out", i)]
+        if post[i] is not None:
+            names.append(f"blocks.{i}.ln1_post.hook_scale")
     with torch.no_grad():
         logits, cache = run_with_cache(lm, input_ids, attention_mask=attention_mask, names=names)
         x = cache["resid_post", L - 1]  # (B, T, C) the final stream
@@ -157,16 +173,30 @@ def direct_logit_attribution(
                 component = component - component.mean(-1, keepdim=True)
             return (component / scale * direction).sum(-1)
 
-        heads = torch.stack([effect(cache["result", i].movedim(2, 0)) for i in range(L)])
+        def branch(i: int, part: Tensor) -> Tensor:
+            """A head's result (or the bias) as it joins the stream: through ln1_post with
+            its scale frozen, where the block has one."""
+            norm_post = post[i]
+            if not isinstance(norm_post, RMSNorm):  # (None: no ln1_post)
+                return part
+            part = part / cache[f"blocks.{i}.ln1_post.hook_scale"]
+            gain = norm_post.gain()
+            return part if gain is None else part * gain
+
+        heads = torch.stack([effect(branch(i, cache["result", i].movedim(2, 0))) for i in range(L)])
         biases = []
-        for bias in read.out_biases:
-            biases.append(effect(bias.expand_as(x)) if bias is not None else x.new_zeros(B, T))
+        for i, bias in enumerate(read.out_biases):
+            biases.append(
+                effect(branch(i, bias.expand_as(x))) if bias is not None else x.new_zeros(B, T)
+            )
         norm_bias = (read.bias * unembed).sum(-1) if read.bias is not None else x.new_zeros(B, T)
         if read.unembed_bias is not None:  # the head's own bias joins the norm's
             b_u = read.unembed_bias[target]
             if other is not None:
                 b_u = b_u - read.unembed_bias[other]
             norm_bias = norm_bias + b_u * read.logit_scale
+        if isinstance(lm, CausalLM) and lm.config.final_softcap is not None:
+            logits = _uncapped(lm, x)  # the logits before the cap
         d = torch.gather(logits, -1, target[..., None])[..., 0]
         if other is not None:
             d = d - torch.gather(logits, -1, other[..., None])[..., 0]

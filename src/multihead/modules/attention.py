@@ -15,10 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import cast
 
+import torch
 from torch import Tensor, nn
 
 from ..functional.attention import dispatch, dispatch_plain
-from ..functional.call import check_dropout, check_flag, check_mask, make_call
+from ..functional.call import (
+    check_dropout,
+    check_flag,
+    check_mask,
+    check_softcap,
+    make_call,
+    resolve_scale,
+)
 from ..functional.mask_mod import MaskMod
 from ..functional.masks import combine
 from ..functional.varlen import VarLen
@@ -101,10 +109,21 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         causal: default for `forward(causal=...)`.
         position: a `PositionScheme` (`RotaryEmbedding` rotates q and k, `ALiBi` adds its
             bias), applied to self-attention; positions continue from a KV cache's length.
+        scale: multiplies `q @ k^T`; default `1 / sqrt(head_dim)` (Gemma:
+            `query_pre_attn_scalar ** -0.5`).
+        softcap: logit soft-capping `tanh(s / softcap) * softcap` of the scaled scores
+            (Gemma 2), see `functional.attention`.
+        sinks: True gives a learned sink logit per query head (parameter `sinks`, (H,),
+            gpt-oss), see `functional.attention`.
+        q_norm, k_norm: modules applied to q (B, H, T, D) and k (B, Hkv, T, D) after their
+            projections and hooks (hook_q, hook_k), before RoPE (Qwen3, Gemma 3, OLMo 2: see
+            `modules.qk_norm.HeadNorm`).
 
     Hook points (see `multihead.interpret`): hook_q, hook_k, hook_v (B, T, H or Hkv, D; before
     rotation), hook_rot_q, hook_rot_k (after RoPE; only with it), hook_attn_scores, hook_pattern
-    (B, H, Tq, Tk), hook_z (B, Tq, H, D), hook_result (B, Tq, H, C).
+    (B, H, Tq, Tk; scores after scale and soft-capping, with blocked keys at -inf; the
+    pattern's rows sum to 1 minus the sink's share where there are sinks), hook_z
+    (B, Tq, H, D), hook_result (B, Tq, H, C).
 
     Per-head weights by TransformerLens' names (W_Q, W_K, W_V, W_O, b_*, _W_K, QK, OV): see
     `multihead.modules.weights`.
@@ -128,6 +147,11 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         dropout: float = 0.0,
         causal: bool = False,
         position: PositionScheme | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        sinks: bool = False,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -174,12 +198,41 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             if position.uses_positions:
                 self.hook_points = ROTARY_HOOK_POINTS
         self.position = position
+        self.scale = None if scale is None else resolve_scale(scale, head_dim)
+        self.softcap = check_softcap(softcap)
+        self.sinks = (
+            nn.Parameter(torch.zeros(num_heads, **factory)) if check_flag("sinks", sinks) else None
+        )
+        self.q_norm, self.k_norm = q_norm, k_norm
+        # (a plain attribute: the hot path in forward tests it, and takes it only when False)
+        self._variant = (
+            self.scale is not None
+            or self.softcap is not None
+            or sinks
+            or q_norm is not None
+            or k_norm is not None
+        )
+
+    def _variants(self) -> dict:
+        """The attention-variant arguments of this module's calls (see `make_call`)."""
+        return {
+            "scale": self.scale,
+            "softcap": self.softcap,
+            "sinks": self.sinks,
+            "variants_checked": True,  # (at construction)
+        }
 
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
             f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, causal={self.causal}"
+            + "".join(
+                f", {name}={value}"
+                for name, value in (("scale", self.scale), ("softcap", self.softcap))
+                if value is not None
+            )
+            + (", sinks=True" if self.sinks is not None else "")
         )
 
     def forward(
@@ -248,6 +301,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             and self._sequence_parallel is None
             and self.position is None
             and self.packed
+            and not self._variant
             and isinstance(query, Tensor)
             and query.dim() == 3
         ):
@@ -267,6 +321,11 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             or mask_mod is not None
             or block_size is not None
         )
+        if self._variant and (self._sequence_parallel is not None or lengths is not None):
+            raise ValueError(
+                "scale=, softcap= and sinks= are not supported with packed sequences (lengths=) "
+                "or sequence parallelism: run the padded batch"
+            )
         if self._sequence_parallel is not None:  # this rank holds a chunk of the sequence
             structure = _structure(window, documents, prefix, mask_mod, block_size)
             extra = {name: arg for name, arg in structure.items() if arg is not None}
@@ -353,6 +412,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 # (views of the projection that no hook has seen, so none can hold a tensor
                 # hook or a retained gradient the tiled backend's packed gradient would skip)
                 own_views=hooks is None or not any(p in hooks for p in QKV_HOOK_POINTS),
+                **(self._variants() if self._variant else {}),
             )
             out, weights = dispatch(call) if hooks is None else attend(call, hooks)
         except (ValueError, TypeError):
@@ -487,6 +547,10 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         q, k, v = self._project(x.query, source, value, x.self_attention, blocked)
         if hooks is not None:
             q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
+        if self.q_norm is not None:  # (after hook_q: it shows the projection, as W_Q reads)
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         # (a cross cache was served above)
         self_cache: KVCache | None = cache  # type: ignore[assignment]
         if self.position is not None or positions is not None:

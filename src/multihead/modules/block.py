@@ -4,6 +4,9 @@ post-norm (BERT):  x = norm1(x + drop(attn(x)));  x = norm2(x + drop(ffn(x)))
 pre-norm (GPT-2):  x = x + drop(attn(norm1(x)));  x = x + drop(ffn(norm2(x)))
 parallel (GPT-NeoX's use_parallel_residual): x = x + drop(attn(norm1(x))) + drop(ffn(norm2(x)))
   with both branches reading the block's input (hook_resid_mid is then x + attention branch)
+`branch_norms` places the norms of a pre-norm block's branches: "pre" (above), "pre+post"
+(Gemma 2/3: x = x + norm1_post(attn(norm1(x))), the same around the MLP) or "post" (OLMo 2:
+x = x + norm1_post(attn(x)); no norm1 / norm2).
 With cross-attention (a decoder layer), a third branch attends to the encoder memory between
 the two: norm_cross / cross_attn.
 
@@ -14,7 +17,9 @@ output, after dropout), hook_resid_mid (the stream between attention and MLP: af
 post-norm block), hook_cross_attn_out and hook_resid_mid_cross (decoder blocks), hook_mlp_out,
 hook_resid_post (what the next block receives: after norm2 in a post-norm block).
 Children by TransformerLens' names: ln1.* / ln2.* (the norms' hook_scale, hook_normalized;
-attributes norm1 / norm2, aliased as ln1 / ln2), mlp.* (hook_pre, hook_post ...; attribute ffn).
+attributes norm1 / norm2, aliased as ln1 / ln2; the branch-output norms norm1_post / norm2_post
+as ln1_post / ln2_post, TransformerLens' Gemma 2 names), mlp.* (hook_pre, hook_post ...;
+attribute ffn).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from .attention import MultiHeadAttention
 from .cache import CrossKVCache, KVCache, checkpoints, roll_back
 from .feedforward import FeedForward, SwiGLU
 from .norm import make_norm
+from .qk_norm import HeadNorm
 from .split_inputs import SPLIT_INPUT_POINTS, split_inputs, wants_split_inputs
 
 BLOCK_HOOK_POINTS = (
@@ -52,6 +58,7 @@ PRE_NORM_ORDER = (
     *SPLIT_INPUT_POINTS,
     "norm1",
     "attn",
+    "norm1_post",
     "hook_attn_out",
     "hook_resid_mid",
     "norm_cross",
@@ -60,6 +67,7 @@ PRE_NORM_ORDER = (
     "hook_resid_mid_cross",
     "norm2",
     "ffn",
+    "norm2_post",
     "hook_mlp_out",
     "hook_resid_post",
 )
@@ -90,6 +98,8 @@ class TransformerBlock(nn.Module):
         "norm2": "ln2",
         "norm_cross": "ln_cross",
         "ffn": "mlp",
+        "norm1_post": "ln1_post",
+        "norm2_post": "ln2_post",
     }
 
     def __init__(
@@ -115,6 +125,11 @@ class TransformerBlock(nn.Module):
         out_bias: bool | None = None,
         mlp_bias: bool | None = None,
         parallel: bool = False,
+        branch_norms: str = "pre",
+        norm_offset: float = 0.0,
+        attn_scale: float | None = None,
+        attn_softcap: float | None = None,
+        qk_norm: str | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -125,7 +140,12 @@ class TransformerBlock(nn.Module):
         `head_dim`: per-head width of self-attention (default dim // num_heads). `qkv_bias`,
         `out_bias`, `mlp_bias`: biases of the q/k/v projection, the attention's output
         projection and the MLP, each defaulting to `bias` (Qwen2: q/k/v only). `parallel`: the
-        MLP reads the block's input, not the stream after attention (pre-norm only)."""
+        MLP reads the block's input, not the stream after attention (pre-norm only).
+        `mlp="gated"`: the SwiGLU layout with `activation` as its gate (Gemma's GeGLU).
+        `branch_norms`: "pre", "pre+post" or "post" (see the module docstring; pre-norm
+        blocks only). `norm_offset`: RMSNorm gains are offset + weight (Gemma: 1).
+        `attn_scale`, `attn_softcap`: the self-attention's scale and logit soft-cap;
+        `qk_norm`: "head" or "width", an RMSNorm of q and k (`modules.qk_norm`)."""
         super().__init__()
         if parallel and not norm_first:
             raise ValueError("parallel attention and MLP branches need norm_first=True")
@@ -134,6 +154,20 @@ class TransformerBlock(nn.Module):
         qkv_bias = bias if qkv_bias is None else qkv_bias
         out_bias = bias if out_bias is None else out_bias
         mlp_bias = bias if mlp_bias is None else mlp_bias
+        if branch_norms not in ("pre", "pre+post", "post"):
+            raise ValueError(f"unknown branch_norms {branch_norms!r}: pre, pre+post or post")
+        if branch_norms != "pre" and not norm_first:
+            raise ValueError(f"branch_norms={branch_norms!r} needs norm_first=True")
+
+        def new_norm() -> nn.Module:
+            return make_norm(norm, dim, norm_eps, norm_offset, **factory)
+
+        q_norm = k_norm = None
+        if qk_norm is not None:  # (Qwen3, Gemma 3: per head; OLMo 2: over the width)
+            hd = head_dim or dim // num_heads
+            q_norm = HeadNorm(qk_norm, num_heads, hd, norm_eps, norm_offset, **factory)
+            kv = num_kv_heads or num_heads
+            k_norm = HeadNorm(qk_norm, kv, hd, norm_eps, norm_offset, **factory)
         self.attn = MultiHeadAttention(
             dim,
             num_heads,
@@ -144,9 +178,15 @@ class TransformerBlock(nn.Module):
             dropout=attn_dropout,
             causal=causal,
             position=position,
+            scale=attn_scale,
+            softcap=attn_softcap,
+            q_norm=q_norm,
+            k_norm=k_norm,
             **factory,
         )
-        self.norm1 = make_norm(norm, dim, norm_eps, **factory)
+        self.branch_norms = branch_norms
+        self.norm1 = new_norm() if branch_norms != "post" else None
+        self.norm1_post = new_norm() if branch_norms != "pre" else None
         self.cross_attn: MultiHeadAttention | None = None
         if cross_attention:
             self.cross_attn = MultiHeadAttention(
@@ -160,8 +200,9 @@ class TransformerBlock(nn.Module):
             self.norm_cross = make_norm(norm, dim, norm_eps, **factory)
             self.hook_points = BLOCK_HOOK_POINTS + CROSS_HOOK_POINTS
         self.ffn: nn.Module | None
-        if mlp == "swiglu":
-            self.ffn = SwiGLU(dim, ffn_dim, bias=mlp_bias, **factory)
+        if mlp in ("swiglu", "gated"):
+            gate = "silu" if mlp == "swiglu" else activation or "silu"
+            self.ffn = SwiGLU(dim, ffn_dim, bias=mlp_bias, activation=gate, **factory)
         elif mlp == "gelu":
             self.ffn = FeedForward(
                 dim, ffn_dim, activation_name=activation or "gelu", bias=mlp_bias, **factory
@@ -169,8 +210,10 @@ class TransformerBlock(nn.Module):
         elif mlp == "none":
             self.ffn = None
         else:
-            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu' or 'none'")
-        self.norm2 = make_norm(norm, dim, norm_eps, **factory) if self.ffn is not None else None
+            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu', 'gated' or 'none'")
+        has_ffn = self.ffn is not None
+        self.norm2 = new_norm() if has_ffn and branch_norms != "post" else None
+        self.norm2_post = new_norm() if has_ffn and branch_norms != "pre" else None
         if self.ffn is None:
             self.hook_points = tuple(p for p in self.hook_points if p != "hook_mlp_out")
         self.dropout = nn.Dropout(dropout)
@@ -178,7 +221,7 @@ class TransformerBlock(nn.Module):
 
     # TransformerLens' attribute names, beside ours (not registered twice: state_dict unchanged)
     @property
-    def ln1(self) -> nn.Module:
+    def ln1(self) -> nn.Module | None:
         return self.norm1
 
     @property
@@ -241,7 +284,7 @@ class TransformerBlock(nn.Module):
                 )  # fmt: skip
         else:
             a = self.attn(
-                self.norm1(x) if self.norm_first else x,
+                self.norm1(x) if self.norm_first and self.norm1 is not None else x,
                 mask=mask,
                 key_mask=key_mask,
                 cache=cache,
@@ -253,6 +296,8 @@ class TransformerBlock(nn.Module):
         try:  # (self-attention appended to its cache: a failure below undoes that)
             if return_weights:
                 a, weights = a
+            if self.norm1_post is not None:
+                a = self.norm1_post(a)
             x = self._add(x, self.dropout(a), self.norm1, hooks, "hook_attn_out", "hook_resid_mid")
             if self.cross_attn is not None:
                 if memory is None and (cross_cache is None or not cross_cache.filled):
@@ -271,10 +316,14 @@ class TransformerBlock(nn.Module):
                     "hook_cross_attn_out",
                     "hook_resid_mid_cross",
                 )
-            if self.ffn is not None and self.norm2 is not None:
+            if self.ffn is not None:
                 h = block_input if self.parallel else x
-                m = self.dropout(self.ffn(self.norm2(h) if self.norm_first else h))
-                x = self._add(x, m, self.norm2, hooks, "hook_mlp_out", "hook_resid_post")
+                m = self.ffn(self.norm2(h) if self.norm_first and self.norm2 is not None else h)
+                if self.norm2_post is not None:
+                    m = self.norm2_post(m)
+                x = self._add(
+                    x, self.dropout(m), self.norm2, hooks, "hook_mlp_out", "hook_resid_post"
+                )
             elif hooks is not None:  # attention-only: the stream passes on unchanged
                 x = hooks("hook_resid_post", x)
         except (ValueError, TypeError):
@@ -286,7 +335,7 @@ class TransformerBlock(nn.Module):
         self,
         x: Tensor,
         branch: Tensor,
-        norm: nn.Module,
+        norm: nn.Module | None,
         hooks: ModuleHooks | None,
         branch_point: str,
         stream_point: str,
@@ -294,10 +343,10 @@ class TransformerBlock(nn.Module):
         """The residual step: x + branch (pre-norm) or norm(x + branch) (post-norm), with the
         branch's and the stream's hook points."""
         if hooks is None:
-            return x + branch if self.norm_first else norm(_residual(branch, x))
+            return x + branch if self.norm_first else norm(_residual(branch, x))  # type: ignore[misc]
         branch = hooks(branch_point, branch)
         # Out of place: a hook may hold on to `branch` (a cache), so it must not change later.
-        x = x + branch if self.norm_first else norm(branch + x)
+        x = x + branch if self.norm_first else norm(branch + x)  # type: ignore[misc]
         return hooks(stream_point, x)
 
 
@@ -307,7 +356,7 @@ def make_blocks(
     causal: bool,
     cross_attention: bool = False,
     norm_first: bool | None = None,
-    position: Callable[[], PositionScheme | None] | None = None,
+    position: Callable[[int], PositionScheme | None] | None = None,
     device=None,
     dtype=None,
 ) -> nn.ModuleList:
@@ -316,7 +365,7 @@ def make_blocks(
     activation, bias, dropout, and norm_first unless given; when the config has them, head_dim,
     qkv_bias, out_bias, mlp_bias, attn_dropout (None: dropout), attention_only (no MLP) and
     parallel_residual.
-    `position` makes each layer's position module (RoPE/ALiBi)."""
+    `position(layer)` makes each layer's position module (RoPE/ALiBi)."""
     attn_dropout = getattr(config, "attn_dropout", None)
     return nn.ModuleList(
         TransformerBlock(
@@ -334,17 +383,25 @@ def make_blocks(
             attn_dropout=config.dropout if attn_dropout is None else attn_dropout,
             causal=causal,
             cross_attention=cross_attention,
-            position=position() if position is not None else None,
+            position=position(i) if position is not None else None,
             head_dim=getattr(config, "head_dim", None),
             qkv_bias=getattr(config, "qkv_bias", None),
             out_bias=getattr(config, "out_bias", None),
             mlp_bias=getattr(config, "mlp_bias", None),
             parallel=getattr(config, "parallel_residual", False),
+            **_family_options(config),
             device=device,
             dtype=dtype,
         )
-        for _ in range(config.num_layers)
+        for i in range(config.num_layers)
     )
+
+
+def _family_options(config) -> dict:
+    """The decoder-family data an LMConfig may carry (norm placement and offset, attention
+    scale, soft-cap and q/k norm), as block arguments; other configs give none."""
+    names = ("branch_norms", "norm_offset", "attn_scale", "attn_softcap", "qk_norm")
+    return {n: getattr(config, n) for n in names if hasattr(config, n)}
 
 
 def _residual(branch: Tensor, x: Tensor) -> Tensor:

@@ -13,9 +13,12 @@ logits by a constant, which softmax ignores), with simpler weights to read:
   reader of the stream is a LayerNorm, which removes that mean anyway.
 - center_unembed: W_U and b_U lose their mean over the vocabulary.
 
-RMSNorm removes no mean, so RMSNorm models are folded only (TransformerLens' rule): the two
-centrings are skipped with a warning. Post-norm encoders (BERT: the residual stream itself is a
-norm's output) and cross-attention decoders cannot be folded this way: they raise.
+Gemma's RMSNorm gain (1 + w) folds as its gain. Norms after a projection (q/k norms) or after a
+branch (Gemma 2/3 and OLMo 2's post-norms) have no reader to fold into and stay as they are;
+centring the unembedding is refused under a final-logit soft-cap (tanh does not pass a shift
+through). RMSNorm removes no mean, so RMSNorm models are folded only (TransformerLens' rule):
+the two centrings are skipped with a warning. Post-norm encoders (BERT: the residual stream
+itself is a norm's output) and cross-attention decoders cannot be folded this way: they raise.
 
 Arithmetic runs in float64 and is written back in place in the parameters' dtype, so the
 parameters keep their memory layout (CausalLM's column-major matrices).
@@ -51,6 +54,14 @@ def process_weights_(
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     blocks: list[TransformerBlock] = list(model.layers)  # type: ignore[arg-type]
     _check_foldable(model, blocks, fold_ln or center_writing_weights)
+    config = getattr(model, "config", None)
+    cap = getattr(config, "final_softcap", None)
+    if center_unembed and cap is not None:
+        raise ValueError(
+            f"center_unembed: this model soft-caps its logits (final_softcap="
+            f"{cap}), so a constant shift of the logits does not pass through "
+            "unchanged; pass center_unembed=False"
+        )
     parts: dict[str, Any] = model.weight_parts()  # type: ignore[operator]
     final = _final_norm(model)
     layer_norm = isinstance(blocks[0].norm1, LayerNorm) if blocks else isinstance(final, LayerNorm)
@@ -66,9 +77,10 @@ def process_weights_(
         _untie(model, head, parts.get("embed"))
     with torch.no_grad():
         if fold_ln:
-            for block in blocks:
-                _fold(block, "norm1", _attention_readers(block))
-                if block.ffn is not None:
+            for block in blocks:  # (OLMo 2 has no norm before its branches: nothing to fold)
+                if block.norm1 is not None:
+                    _fold(block, "norm1", _attention_readers(block))
+                if block.ffn is not None and block.norm2 is not None:
                     _fold(block, "norm2", _mlp_readers(block.ffn))
             if final is not None and head is not None:  # a headless stack's output is the norm's
                 _fold(model, _final_name(model), [head])
@@ -129,7 +141,8 @@ def _mlp_readers(ffn: nn.Module) -> list[nn.Linear]:
 def _fold(owner: nn.Module, attr: str, readers: list[nn.Linear]) -> None:
     """Move the norm `owner.attr`'s weight and bias into `readers`; leave a scale-only norm."""
     norm = getattr(owner, attr)
-    w = None if norm.weight is None else norm.weight.double()  # (C,)
+    gain = norm.gain() if isinstance(norm, RMSNorm) else norm.weight  # (Gemma: 1 + w)
+    w = None if gain is None else gain.double()  # (C,)
     b = None if norm.bias is None else norm.bias.double()
     centre = isinstance(norm, LayerNorm)
     for layer in readers:

@@ -70,6 +70,11 @@ STATIC_CACHE_BUCKET = 64
 ATEN_GRAIN_SIZE = 32768
 
 
+def soft_cap(logits: Tensor, cap: float | None) -> Tensor:
+    """Final-logit soft-capping `tanh(logits / cap) * cap` (Gemma 2); None: unchanged."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 def head_logits(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """(..., C) -> (..., V) through a (V, C) head weight of either memory layout.
 
@@ -112,9 +117,10 @@ def _logits(model: CausalLM, h: Tensor, head: Tensor | None) -> Tensor:
     `generate` holds them by position like the other hook points."""
     weight = model.head.weight if head is None else head
     hooks = hooks_for(model)
+    cap = model.config.final_softcap
     if hooks is None:
-        return head_logits(h[:, -1], weight, model.head.bias)
-    return hooks("hook_logits", head_logits(h, weight, model.head.bias))[:, -1]
+        return soft_cap(head_logits(h[:, -1], weight, model.head.bias), cap)
+    return hooks("hook_logits", soft_cap(head_logits(h, weight, model.head.bias), cap))[:, -1]
 
 
 def _prefill(

@@ -24,7 +24,7 @@ from .attention import MultiHeadAttention
 from .attention_inputs import check_positions
 from .block import TransformerBlock, make_blocks
 from .cache import KVCache, checkpoints, roll_back
-from .generation import head_logits
+from .generation import head_logits, soft_cap
 from .init import init_weights
 from .model_weights import ModelWeights
 from .norm import make_norm
@@ -61,6 +61,16 @@ class LMConfig:
     attention_only: bool = False  # blocks without an MLP (mlp is then ignored)
     parallel_residual: bool = False  # attention and MLP both read the block input (GPT-NeoX)
     rotary_dim: int | None = None  # leading values of each head RoPE rotates; None: all
+    # Decoder-family data (Gemma 1-3, Qwen3, OLMo 2; read by the shared blocks, see
+    # TransformerBlock); the defaults keep the layouts above.
+    branch_norms: str = "pre"  # "pre", "pre+post" (Gemma 2/3) or "post" (OLMo 2)
+    norm_offset: float = 0.0  # RMSNorm gain = offset + weight (Gemma: 1)
+    qk_norm: str | None = None  # "head" (Qwen3, Gemma 3) or "width" (OLMo 2)
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar**-0.5)
+    attn_softcap: float | None = None  # tanh(s / c) * c of the attention scores (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits (Gemma 2)
+    embed_scale: bool = False  # embeddings times sqrt(dim), in the model dtype (Gemma)
+    local_rope_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3)
 
     def positions_bounded(self) -> bool:
         """Whether positions past `max_positions` are refused: a learned table ends there, and
@@ -125,15 +135,22 @@ class CausalLM(ModelWeights, nn.Module):
             else None
         )
 
-        def position() -> PositionScheme | None:
+        # Gemma 3: the windowed layers rotate with their own base (and no scaling)
+        local = (
+            RotaryEmbedding(config.head_dim or C // H, base=config.local_rope_theta)
+            if rope is not None and config.local_rope_theta is not None
+            else None
+        )
+
+        def position(layer: int) -> PositionScheme | None:
             if rope is not None:
-                return rope
+                return local if local is not None and config.window(layer) else rope
             return ALiBi(H) if config.position == "alibi" else None
 
         self.layers = make_blocks(
             config, causal=True, norm_first=True, position=position, **factory
         )
-        self.norm_f = make_norm(config.norm, C, config.norm_eps, **factory)
+        self.norm_f = make_norm(config.norm, C, config.norm_eps, config.norm_offset, **factory)
         self.head = nn.Linear(C, config.vocab_size, bias=False, **factory)
         if config.tie_embeddings:
             self.head.weight = self.tok.weight
@@ -171,7 +188,7 @@ class CausalLM(ModelWeights, nn.Module):
 
     def logits(self, h: Tensor) -> Tensor:
         """(..., C) -> (..., V) through the output head, in whichever layout it has."""
-        return head_logits(h, self.head.weight, self.head.bias)
+        return soft_cap(head_logits(h, self.head.weight, self.head.bias), self.config.final_softcap)
 
     def attention(self, layer: int) -> MultiHeadAttention:
         block = self.layers[layer]
@@ -303,6 +320,8 @@ class CausalLM(ModelWeights, nn.Module):
         positions = self._positions(B, T, input_ids.device, key_mask, caches, positions)
         hooks = hooks_for(self)
         x = self.tok(input_ids)
+        if self.config.embed_scale:  # (the factor rounded to the model dtype, as transformers)
+            x = x * torch.tensor(self.config.dim**0.5, dtype=x.dtype)
         if hooks is not None:
             x = hooks("hook_embed", x)
         if self.pos is not None:

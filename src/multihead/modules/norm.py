@@ -38,15 +38,26 @@ class LayerNorm(nn.LayerNorm):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and cast back."""
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and cast back.
+
+    `offset`: the gain is `offset + weight` (Gemma stores w and scales by 1 + w, in fp32
+    before the cast back, as transformers' GemmaRMSNorm); 0 is the plain norm."""
 
     hook_points = NORM_HOOK_POINTS
 
     def __init__(
-        self, dim: int, eps: float = 1e-6, device=None, dtype=None, *, elementwise_affine=True
+        self,
+        dim: int,
+        eps: float = 1e-6,
+        device=None,
+        dtype=None,
+        *,
+        elementwise_affine=True,
+        offset: float = 0.0,
     ) -> None:
         super().__init__()
         self.eps = eps
+        self.offset = float(offset)
         self.normalized_shape = (dim,)
         self.weight: nn.Parameter | None = None
         if elementwise_affine:
@@ -62,7 +73,21 @@ class RMSNorm(nn.Module):
     def plain(self, x: Tensor) -> Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            assert self.weight is not None
+            return (h * (self.weight.float() + self.offset)).to(x.dtype)
         return h.to(x.dtype) if self.weight is None else h.to(x.dtype) * self.weight
+
+    def gain(self) -> Tensor | None:
+        """The effective weight the normalised input is multiplied by (offset + weight)."""
+        if self.weight is None or not self.offset:
+            return self.weight
+        return self.weight + self.offset
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape[0]}, eps={self.eps}" + (
+            f", offset={self.offset}" if self.offset else ""
+        )
 
 
 class LayerNormPre(LayerNorm):
@@ -90,8 +115,9 @@ def _hooked(norm: LayerNorm | RMSNorm, x: Tensor, hooks: ModuleHooks, *, centre:
         scale = hooks("hook_scale", shown)
         if scale is not shown:  # a hook replaced the scale (froze the norm): divide by it
             out = (h / scale.float()).to(x.dtype)
-            if norm.weight is not None:
-                out = out * norm.weight
+            gain = norm.gain() if isinstance(norm, RMSNorm) else norm.weight
+            if gain is not None:
+                out = out * gain
             if norm.bias is not None:
                 out = out + norm.bias
     if out is None:  # nothing replaced: the model's own computation, exactly
@@ -99,9 +125,14 @@ def _hooked(norm: LayerNorm | RMSNorm, x: Tensor, hooks: ModuleHooks, *, centre:
     return hooks("hook_normalized", out)
 
 
-def make_norm(kind: str, dim: int, eps: float, **factory) -> LayerNorm | RMSNorm:
+def make_norm(
+    kind: str, dim: int, eps: float, offset: float = 0.0, **factory
+) -> LayerNorm | RMSNorm:
+    """`offset` (RMSNorm only): the gain is offset + weight (Gemma's 1 + w)."""
     if kind == "layernorm":
+        if offset:
+            raise ValueError(f"a weight offset ({offset}) applies to rmsnorm, not layernorm")
         return LayerNorm(dim, eps=eps, **factory)
     if kind == "rmsnorm":
-        return RMSNorm(dim, eps=eps, **factory)
+        return RMSNorm(dim, eps=eps, offset=offset, **factory)
     raise ValueError(f"unknown norm {kind!r}; choose 'layernorm' or 'rmsnorm'")

@@ -52,7 +52,7 @@ def split_inputs(block: Any, x: Tensor, hooks: ModuleHooks) -> Iterator[None]:
     v_in = hooks("hook_v_input", kv_in)
 
     def norm(t: Tensor) -> Tensor:
-        return block.norm1(t) if block.norm_first else t
+        return block.norm1(t) if block.norm_first and block.norm1 is not None else t
 
     # Normalise each distinct input once: unpatched, all three are attn_in (or its kv rows),
     # so ln1's hooks fire once, as (B, T, H, ...) per head; a patched input is normalised alone.

@@ -95,6 +95,13 @@ class HeadParallel(ParallelStyle):
             raise ValueError("this MultiHeadAttention is already tensor-parallel")
         if module._sequence_parallel is not None:
             raise ValueError("HeadParallel: this MultiHeadAttention is sequence-parallel")
+        # per-head sinks and q/k norms over the whole width do not split by heads here
+        over = [getattr(n, "over", "head") for n in (module.q_norm, module.k_norm) if n is not None]
+        if module.sinks is not None or "width" in over:
+            what = (
+                "sink logits (sinks)" if module.sinks is not None else "a q/k norm over the width"
+            )
+            raise ValueError(f"HeadParallel does not shard {what} (OLMo 2, gpt-oss): not supported")
         group = device_mesh.get_group()
         tp, rank = device_mesh.size(), device_mesh.get_local_rank()
         split = HeadSplit.plan(module.num_heads, module.num_kv_heads, module.head_dim, tp, rank)

@@ -3,10 +3,18 @@
 Shapes: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> out (B, H, Tq, Dv),
 weights (B, H, Tq, Tk).
 
-It also serves the `hook_attn_scores` / `hook_pattern` hook points: `on_scores` sees the scaled,
-biased scores with blocked keys at -inf, `on_pattern` the probabilities; either may return a
-replacement, which the rest of the computation uses. Replaced scores keep blocked keys blocked;
-a replaced pattern is used as given (weight it puts on a blocked key is applied).
+Variants: `softcap` c turns the scaled scores s into tanh(s / c) * c before the bias and the
+mask (as Gemma 2 and transformers do); `sinks` (H,) joins each row's softmax as one more logit
+per head (not scaled, capped or masked) whose probability is dropped: it takes mass from the
+keys and adds no value (gpt-oss). The weights returned are the keys' probabilities, which then
+sum to less than 1. A row with no key left is zeros with or without sinks (its mass is all the
+sink's).
+
+It also serves the `hook_attn_scores` / `hook_pattern` hook points: `on_scores` sees the
+scaled (and soft-capped), biased scores with blocked keys at -inf, `on_pattern` the
+probabilities; either may return a replacement, which the rest of the computation uses.
+Replaced scores keep blocked keys blocked; a replaced pattern is used as given (weight it puts
+on a blocked key is applied).
 
 Non-finite inputs follow torch's math backend (the rule every backend follows): NaN in q, k, v
 or bias makes NaN the output rows it reaches (NaN in q or k reaches its row even through a
@@ -48,6 +56,8 @@ def eager_attention(
     # Half precision accumulates scores and probabilities in fp32; fp32/fp64 stay as they are.
     acc = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * call.scale  # (B, H, Tq, Tk)
+    if call.softcap is not None:
+        scores = torch.tanh(scores / call.softcap) * call.softcap
     allowed = allowed_mask(call)
     # NaN in q or k reaches its row even through a blocked key, as in torch's kernels (they
     # form q @ k^T before masking); the fill below would hide it, so note it first.
@@ -65,7 +75,11 @@ def eager_attention(
         scores = on_scores(shown).to(acc)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(acc).min)
-    weights = torch.softmax(scores, dim=-1)
+    if call.sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:  # one more column per row, the head's sink logit: (B, H, Tq, Tk + 1) -> drop it
+        sink = call.sinks.to(acc).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     if allowed is not None:
         # Finite fill turns a fully masked row into a uniform one; zero it (output and gradients).
         weights = weights.masked_fill(~allowed, 0.0)

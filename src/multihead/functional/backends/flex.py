@@ -27,7 +27,7 @@ from torch.nn.attention.flex_attention import (  # torch >= 2.5
     flex_attention,
 )
 
-from ..call import AttentionCall
+from ..call import AttentionCall, variant_reasons
 from ..mask_mod import call_mask_mod
 
 # (the tiled backend's threshold, measured on CPU; unmeasured on CUDA: no GPU was at hand)
@@ -55,6 +55,7 @@ def flex_why_not(call: AttentionCall) -> list[str]:
         reasons.append("torch's flex_attention has no backward on CPU (the tiled backend has)")
     if call.bias is not None and call.bias.requires_grad and needs_grad:
         reasons.append("a bias that requires grad (flex's score_mod gives it none here)")
+    reasons.extend(variant_reasons(call, "flex_attention (here)"))
     return reasons
 
 

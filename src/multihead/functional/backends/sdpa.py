@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..call import AttentionCall, default_scale
+from ..call import AttentionCall, default_scale, variant_reasons
 from .allowed import allowed_mask, causal_block
 
 # Mask elements one chunk may build (B x mask heads x rows x Tk): 16M booleans (16 MB; SDPA's
@@ -47,11 +47,15 @@ def sdpa_why_not(call: AttentionCall) -> list[str]:
     tq, tk = call.q.shape[2], call.k.shape[2]
     if tq == 0 or tk == 0:
         reasons.append(f"empty sequence (Tq={tq}, Tk={tk}): torch's kernels do not take it")
+    if call.softcap is not None:  # (sinks it takes: `_with_sinks`)
+        reasons.extend(variant_reasons(call._replace(sinks=None), "torch's SDPA"))
     return reasons
 
 
 def sdpa_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    q, k, v, mask, bias, causal, scale, dropout_p, _, _, _ = call
+    if call.sinks is not None:
+        return _with_sinks(call), None
+    q, k, v, mask, bias, causal, scale, dropout_p = call[:8]
     tq, tk = q.shape[2], k.shape[2]
     if mask is None and bias is None:
         flag = _kernel_causal(causal, tq, tk)
@@ -156,7 +160,7 @@ def _rows(t: Tensor | None, start: int, stop: int, keys: int) -> Tensor | None:
 
 
 def _chunked(call: AttentionCall, rows: int) -> Tensor:
-    q, k, v, mask, bias, _, scale, dropout_p, _, _, _ = call
+    q, k, v, mask, bias, _, scale, dropout_p = call[:8]
     gqa = _gqa(q, k)
     tq, tk = q.shape[2], k.shape[2]
     outs = []
@@ -212,3 +216,26 @@ def _fused(
     # torch.where keeps the kernel's (B, T, H, D) memory layout, so the caller's
     # (B, H, T, D) -> (B, T, H*D) reshape stays free; masked_fill would densify it (2 copies).
     return torch.where(row_ok, out, 0.0)
+
+
+def _with_sinks(call: AttentionCall) -> Tensor:
+    """Sink logits as one more key: k and v gain a zero row (its score q . 0 is 0), whose
+    bias is the head's sink logit; so it takes its share of each row's softmax and adds
+    nothing to the output. Every restriction (mask, causality, -inf bias) becomes a -inf bias
+    on the real keys: the sink keeps every row alive, and a row with no key left is zeros
+    (all its mass is the sink's). Costs a (B, H, Tq, Tk + 1) bias."""
+    q, k, v = call.q, call.k, call.v
+    B, H, tq, _ = q.shape
+    tk = k.shape[2]
+    zeros = k.new_zeros(B, k.shape[1], 1, k.shape[3])  # (B, Hkv, 1, D)
+    k = torch.cat([k, zeros], dim=2)  # (B, Hkv, Tk + 1, D)
+    v = torch.cat([v, v.new_zeros(B, v.shape[1], 1, v.shape[3])], dim=2)
+    bias = q.new_zeros(B, H, tq, tk) if call.bias is None else call.bias.to(q.dtype)
+    bias = bias.expand(B, H, tq, tk)
+    allowed = allowed_mask(call)
+    if allowed is not None:
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    assert call.sinks is not None
+    sink = call.sinks.to(q.dtype).view(1, H, 1, 1).expand(B, H, tq, 1)
+    bias = torch.cat([bias, sink], dim=-1)  # (B, H, Tq, Tk + 1)
+    return _fused(q, k, v, None, bias, call.scale, call.dropout_p, _gqa(q, k))

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ...value_checks import may_read
-from ..call import AttentionCall
+from ..call import AttentionCall, variant_reasons
 from ..dropout_mask import dropout_keep_mask
 from ..first_order import first_order
 from ..mask_mod import mod_mask, tile_classifier
@@ -50,6 +50,7 @@ def tiled_why_not(call: AttentionCall) -> list[str]:
         # Dynamo cannot trace its autograd.Function (a plan of Python tiles): compiled code
         # runs sdpa under the dense mask instead, which traces.
         reasons.append("it does not trace under torch.compile (sdpa with the dense mask does)")
+    reasons.extend(variant_reasons(call, "the tiled backend"))
     return reasons
 
 

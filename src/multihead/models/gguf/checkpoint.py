@@ -30,11 +30,13 @@ class Layout:
     """How a stored tensor becomes the Hugging Face one: `heads` > 0 undoes llama.cpp's
     rotary row permutation for that many heads; `transpose` swaps a matrix's two axes;
     `qkv_heads` > 0 turns q | k | v row blocks into that many heads' [q, k, v] rows
-    (GPT-NeoX's query_key_value)."""
+    (GPT-NeoX's query_key_value); `shift` is added to every value (Gemma's norms: llama.cpp
+    stores 1 + w, Hugging Face w)."""
 
     heads: int = 0
     transpose: bool = False
     qkv_heads: int = 0
+    shift: float = 0.0
 
 
 # GGUF tensor name -> (Hugging Face key, layout), or None for a tensor that is not a weight
@@ -107,7 +109,7 @@ class GGUFCheckpoint(Checkpoint):
             step = max(1, _CHUNK_BYTES * rows // max(1, tensor.nbytes))
             for start in range(0, rows, step):
                 stop = min(rows, start + step)
-                out[start:stop].copy_(self._values(tensor, start, stop))
+                out[start:stop].copy_(self._values(tensor, start, stop) + layout.shift)
             return out
         values = self._values(tensor, 0, tensor.shape[0] if tensor.shape else 1)
         if layout.heads:
@@ -119,6 +121,8 @@ class GGUFCheckpoint(Checkpoint):
             values = blocks.transpose(0, 1).reshape(values.shape)
         if layout.transpose and values.dim() == 2:
             values = values.t()
+        if layout.shift:
+            values = values + layout.shift
         if out is None:
             return values.contiguous()
         return out.copy_(values)

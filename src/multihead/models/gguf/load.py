@@ -13,11 +13,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..decoder_gguf import check_tensor_shapes
 from ..families import CAUSAL_LM_FAMILIES
+from ..gemma.gguf import gemma_gguf_config, gemma_gguf_names
 from ..gpt2.gguf import gpt2_gguf_config, gpt2_gguf_names
 from ..gpt_neox.gguf import gpt_neox_gguf_config, gpt_neox_gguf_names
 from ..llama.gguf import ROPE_TENSORS, llama_gguf_config, llama_gguf_names
 from ..lm import CausalLM
+from ..olmo2.gguf import olmo2_gguf_config, olmo2_gguf_names
+from ..qwen3.gguf import qwen3_gguf_config, qwen3_gguf_names
 from .checkpoint import GGUFCheckpoint, GGUFNames, Layout
 from .metadata import Metadata
 from .reader import GGUFFile
@@ -38,6 +42,11 @@ GGUF_ARCHITECTURES: dict[
     "phi3": (llama_gguf_config, llama_gguf_names),
     "gpt2": (gpt2_gguf_config, gpt2_gguf_names),
     "gptneox": (gpt_neox_gguf_config, gpt_neox_gguf_names),
+    "gemma": (gemma_gguf_config, gemma_gguf_names),
+    "gemma2": (gemma_gguf_config, gemma_gguf_names),
+    "gemma3": (gemma_gguf_config, gemma_gguf_names),
+    "qwen3": (qwen3_gguf_config, qwen3_gguf_names),
+    "olmo2": (olmo2_gguf_config, olmo2_gguf_names),
 }
 
 
@@ -53,6 +62,7 @@ def read_gguf(path: str | Path) -> tuple[GGUFFile, Metadata, dict]:
         )
     config = GGUF_ARCHITECTURES[arch][0](meta, set(file.tensors))
     _rope_factors(file, meta, config)
+    check_tensor_shapes(meta, config, {name: t.shape for name, t in file.tensors.items()})
     embedding = file.tensors.get("token_embd.weight")
     if config.get("vocab_size") is None and embedding is not None:  # no vocab_size, no tokens
         config["vocab_size"] = embedding.shape[0]
@@ -94,15 +104,18 @@ def load_gguf_causal_lm(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    tokenizer: bool = True,
 ) -> CausalLM:
     """The model in a GGUF file, carrying the tokenizer its metadata describes as
-    `model.tokenizer` (a `ModelTokenizer`; None when the file has none). `dtype` None: float32
+    `model.tokenizer` (a `ModelTokenizer`; None when the file has none, or with
+    `tokenizer=False`: token ids only, the tokenizer metadata unread). `dtype` None: float32
     for quantised weights, else the stored float dtype."""
     from ..loading import load_model
 
     file, meta, config = read_gguf(path)
-    parts = gguf_tokenizer(meta)  # before the weights: a refused tokenizer costs nothing
-    tokenizer = None if parts is None else _model_tokenizer(parts)
+    # before the weights: a refused tokenizer costs nothing
+    parts = gguf_tokenizer(meta) if tokenizer else None
+    model_tokenizer = None if parts is None else _model_tokenizer(parts)
     del parts
     for key in _TOKENIZER_ARRAYS:  # ~100,000 Python strings, held by the tokenizer now
         meta.values.pop(key, None)
@@ -116,7 +129,7 @@ def load_gguf_causal_lm(
             message if meta.source in message else f"{meta.source}: {message}"
         ) from None
     assert isinstance(model, CausalLM)
-    model.tokenizer = tokenizer
+    model.tokenizer = model_tokenizer
     return model
 
 
