@@ -100,8 +100,11 @@ def test_metadata_contradicting_a_tensor_shape(tmp_path):
     path = tmp_path / "s.gguf"
     write_gguf(path, "llama", "Q8_0", edit=narrow)
     message = refused(path, repr(str(path)))
+    # refused before any weight is read, naming the tensor, its shape and the metadata
     assert re.search(
-        r"layers\.1\.ffn\.up\.weight: checkpoint \(64, 64\) != model \(96, 64\)", message
+        r"GGUF metadata contradicts tensor blk\.1\.ffn_up\.weight of shape \(64, 64\): "
+        r"llama\.feed_forward_length = 96, llama\.embedding_length = 64 expect shape \(96, 64\)",
+        message,
     )
 
 

@@ -140,8 +140,8 @@ def test_transformers_4_rope_spelling(tmp_path):
         ({"intermediate_size": 40.5}, r"intermediate_size must be a positive int, got 40.5"),
         ({"attention_dropout": 1.0}, r"attention_dropout must be in \[0, 1\)"),
         (
-            {"model_type": "gemma"},
-            r"unsupported architecture: model_type 'gemma' .*reads model_type 'gpt2', 'llama', 'mistral', 'qwen2'",
+            {"model_type": "mamba"},
+            r"unsupported architecture: model_type 'mamba' .*reads model_type 'gpt2', 'llama', 'mistral', 'qwen2', 'gpt_neox', 'phi3', 'gemma'",
         ),
     ],
 )

@@ -94,17 +94,23 @@ def decoder_names(layer_names: dict[str, str], norm_shift: float = 0.0) -> GGUFN
     return rename
 
 
+# architectures whose files fuse q | k | v (and Phi-3's gate | up) into one tensor: the separate
+# shapes below do not apply (their loaders split the fused tensors and check those)
+FUSED_ARCHITECTURES = frozenset({"phi3", "gptneox"})
+
+
 def check_tensor_shapes(meta: Metadata, config: dict, shapes: dict[str, tuple[int, ...]]) -> None:
     """A file whose metadata contradicts its tensors (a head count, the width, the MLP size):
     one error naming the file, the metadata key, the tensor and the shape it implies, before
     any weight is read. Reads the config.json fields of the Llama-named decoders; tensors a
     file does not have are not checked."""
-    if "num_attention_heads" not in config:
+    if "num_attention_heads" not in config or meta.arch in FUSED_ARCHITECTURES:
         return
-    dim, head_dim = config["hidden_size"], config["head_dim"]
-    q_rows = config["num_attention_heads"] * head_dim
-    kv_rows = config["num_key_value_heads"] * head_dim
-    ffn = config["intermediate_size"]
+    dim, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or dim // heads
+    q_rows = heads * head_dim
+    kv_rows = (config.get("num_key_value_heads") or heads) * head_dim
+    ffn = config.get("intermediate_size")
     # tensor (per layer: blk.{i}.) -> (expected shape, the metadata keys that imply it)
     expected = {
         "attn_q": ((q_rows, dim), "attention.head_count x attention.key_length"),
@@ -120,7 +126,7 @@ def check_tensor_shapes(meta: Metadata, config: dict, shapes: dict[str, tuple[in
         for stem, (shape, keys) in expected.items():
             name = f"blk.{layer}.{stem}.weight"
             got = shapes.get(name)
-            if got is not None and tuple(got) != shape:
+            if got is not None and None not in shape and tuple(got) != shape:
                 values = ", ".join(
                     f"{arch}.{k.strip()} = {meta.values.get(f'{arch}.{k.strip()}')}"
                     for part in keys.split(",")
