@@ -96,8 +96,8 @@ def nothing_written(directory: Path) -> None:
 @pytest.mark.parametrize(
     ("model", "fragments"),
     [
-        ("./no-such-dir", ["--model './no-such-dir'", "no such directory"]),
-        ("no-such-name", ["--model 'no-such-name'", "does not exist", "packaged model name"]),
+        ("./no-such-dir", ["model './no-such-dir'", "no such directory"]),
+        ("no-such-name", ["model 'no-such-name'", "does not exist", "packaged model name"]),
         ("bad-config", ["config.json is not valid JSON", "line "]),
         ("truncated", ["model.safetensors is truncated or corrupted"]),
         ("bad-tokenizer", ["tokenizer.json cannot be read as a tokenizer"]),

@@ -139,6 +139,6 @@ def test_cli_one_line_exit_2_nothing_written(good, tmp_path, capsys, damage, fra
     out.mkdir()
     assert main(["inspect", "some text", "--model", str(good), "-o", str(out / "r.html")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith(f"multihead: error: --model {str(good)!r}")
+    assert len(err) == 1 and err[0].startswith(f"multihead: error: model {str(good)!r}")
     assert fragment in err[0] and "Traceback" not in err[0]
     assert list(out.iterdir()) == []

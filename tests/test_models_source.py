@@ -146,7 +146,7 @@ def test_a_file_that_is_not_gguf(tmp_path):
 def test_cli_reports_an_absent_hub_id_in_one_line(hub, capsys, tmp_path):
     assert main(["inspect", "x", "--model", "org/absent", "-o", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("multihead: error: --model 'org/absent'")
+    assert len(err) == 1 and err[0].startswith("multihead: error: model 'org/absent'")
     assert "hf download org/absent" in err[0]
     assert not (tmp_path / "r.html").exists()
 

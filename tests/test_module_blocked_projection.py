@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from multihead import MultiHeadAttention
 from multihead.functional import masks
 from multihead.functional.backends import tile_packed, tiled
-from multihead.modules import attention as attention_module
+from multihead.modules import attention_project as attention_module
 from multihead.modules.blocked_projection import blocked_projection, blocked_projection_serves
 
 from conftest import assert_close

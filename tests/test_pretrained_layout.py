@@ -117,7 +117,7 @@ def test_a_broken_layout_is_refused_by_name(model_dir, tmp_path, capsys, edit, l
     assert library in str(info.value)
     assert main(["similarity", "--model", str(root), "a", "b"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("multihead: error: --model")
+    assert len(err) == 1 and err[0].startswith("multihead: error: model ")
     assert command in err[0]
 
 

@@ -51,7 +51,12 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
         ("functional", "positional", "hook_points"),
         "attention(), masks, backends; positions; the named hook points modules fire",
     ),
-    ("modules", ("modules",), "the network: attention, blocks, caches, stacks, LM, weights"),
+    (
+        "modules",
+        ("modules", "cache", "static_cache"),
+        "the network: attention, blocks, caches, stacks, LM, weights (cache, static_cache: "
+        "0.2's paths, deprecated)",
+    ),
     (
         "hooked",
         ("hooked",),

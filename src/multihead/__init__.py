@@ -9,7 +9,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"  # the one source: pyproject.toml reads it (tool.setuptools.dynamic)
 
 # public name -> the submodule that defines it
 _LAZY = {

@@ -14,11 +14,13 @@ REMOVED_IN = "0.4"
 
 
 def moved(old: str, new: ModuleType) -> None:
-    """Make module `old` an alias of `new`, warning once per import of the old path."""
+    """Make module `old` an alias of `new`, warning (at the line that imported the old path:
+    Python shows a DeprecationWarning by default when that is in __main__) the first time it
+    is imported."""
     warnings.warn(
         f"{old} moved to {new.__name__} in multihead 0.3; import {new.__name__} instead "
         f"({old} goes in {REMOVED_IN})",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=3,  # the importing line (warnings skips the import system's frames)
     )
     sys.modules[old] = new

@@ -20,7 +20,7 @@ HELP = "score every head on dependency relations of a corpus (Clark et al. 2019)
 DESCRIPTION = (
     "Score every head on every dependency relation of CORPUS (CoNLL-U; or plain text, one "
     "sentence per line, parsed by the spaCy pipeline --parser NAME): for each relation and "
-    "direction the best head, its accuracy with a bootstrap 95%% interval over sentences, and "
+    "direction the best head, its accuracy with a bootstrap 95% interval over sentences, and "
     "the best fixed-offset baseline; strongest margin over the baseline first. Without CORPUS, "
     "the English corpus that ships with multihead (290 sentences, CC0)."
 )

@@ -12,7 +12,8 @@ loaders that dispatch on config.json's model_type.
   gguf/        GGUF files: header, dequantisation, tokenizer (each family's GGUF names and
                metadata in its folder: llama/gguf.py, gpt2/gguf.py)
 
-Shared: source.py (what a user names -> files), auto.py (`multihead.load`), checkpoint.py
+Shared: source.py (what a user names -> files), check.py (`check_model`: a model's files checked
+before loading, torch-free; `multihead.load` and the CLI's --model run it), checkpoint.py
 (files and headers), keymap.py (declarative key maps), fields.py
 (config values), loading.py (meta-device build, then each tensor read once).
 """
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 # imported on first use, so that `models.source` (name resolution, no torch) stays light
 _LAZY = {
+    "ModelCheckError": "check",
+    "check_model": "check",
     "CAUSAL_LM_FAMILIES": "causal_lm",
     "load_causal_lm": "causal_lm",
     "ENCODER_FAMILIES": "encoder",
@@ -30,6 +33,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .causal_lm import CAUSAL_LM_FAMILIES, load_causal_lm
+    from .check import ModelCheckError, check_model
     from .encoder import ENCODER_FAMILIES, load_encoder_model
 
 
@@ -41,4 +45,11 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["CAUSAL_LM_FAMILIES", "ENCODER_FAMILIES", "load_causal_lm", "load_encoder_model"]
+__all__ = [
+    "CAUSAL_LM_FAMILIES",
+    "ENCODER_FAMILIES",
+    "ModelCheckError",
+    "check_model",
+    "load_causal_lm",
+    "load_encoder_model",
+]

@@ -13,12 +13,11 @@ A forward is four steps, the same in every mode: project (and split heads), plac
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from ..functional.attention import dispatch, dispatch_plain
+from ..functional.attention import dispatch
 from ..functional.call import (
     check_dropout,
     check_flag,
@@ -30,65 +29,31 @@ from ..functional.call import (
 from ..functional.mask_mod import MaskMod
 from ..functional.masks import combine
 from ..functional.varlen import VarLen
-from ..hook_points import ModuleHooks, hooks_for
+from ..hook_points import hooks_for
 from ..positional.scheme import PositionScheme
-from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, attend, head_results
+from .attend import ATTENTION_HOOK_POINTS, ROTARY_HOOK_POINTS, attend
 from .attention_inputs import (
+    SLOTS_REFUSE_STRUCTURE,
     Inputs,
     batch_inputs,
-    check_key_mask,
     narrowest,
     positive_int,
     structure_after_dropped_keys,
+    structure_args,
 )
+from .attention_keys import queries_and_keys
 from .attention_packed import forward_packed, refuse_with_lengths
-from .attention_positions import position_bias, rotate_by_position
-from .blocked_projection import blocked_projection, blocked_projection_serves
-from .cache import CrossKVCache, KeySet, KVCache, checkpoints, roll_back
-from .projections import (
-    PackedWeights,
-    heads_first,
-    linear,
-    packed_key_value,
-    packed_query,
-    packed_rows,
-    project_packed,
-    split_fused,
-)
+from .attention_plain import plain_forward
+from .attention_positions import position_bias
+from .attention_project import output, project, project_key_value, project_query
+from .blocked_projection import blocked_projection_serves
+from .cache import CrossKVCache, KVCache, checkpoints, roll_back
+from .projections import submodule as _sub
+from .projections import weight_of as _weight
 from .static_cache import StaticKVCache
 from .weights import AttentionWeights
 
 QKV_HOOK_POINTS = ("hook_q", "hook_k", "hook_v")  # (shown TransformerLens' way: views)
-
-
-def _sub(module: nn.Module, name: str) -> nn.Module:
-    """A registered submodule straight from `_modules` (Module.__getattr__ costs ~0.8 us a
-    lookup, a tenth of the module's own time per call at small shapes)."""
-    # (registered, so never None; a type: ignore, not typing.cast: cast is a call per lookup)
-    return module._modules[name]  # type: ignore[return-value]
-
-
-SLOTS_REFUSE_STRUCTURE = (
-    "window=, documents=, prefix= and mask_mod= need keys in position order; this "
-    "StaticKVCache keeps them in slots (give the cache its window= instead)"
-)
-
-
-def _structure(window, documents, prefix, mask_mod, block_size) -> dict:
-    """The structure arguments by name (for the paths that pass them on or refuse them)."""
-    return {
-        "window": window,
-        "documents": documents,
-        "prefix": prefix,
-        "mask_mod": mask_mod,
-        "block_size": block_size,
-    }
-
-
-def _weight(layer) -> Tensor:
-    """A projection's weight (its dtype and device stand for the module's)."""
-    weight = layer._parameters.get("weight")
-    return layer.weight if weight is None else weight
 
 
 class MultiHeadAttention(AttentionWeights, nn.Module):
@@ -132,6 +97,14 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
     hook_points: tuple[str, ...] = ATTENTION_HOOK_POINTS
     # Set by multihead.parallel.sequence_parallel: runs forward as ring attention over a group.
     _sequence_parallel: Callable[..., Tensor] | None = None
+
+    # The steps of `forward`, one concept a file (functions of the module, bound as methods):
+    _plain_forward = plain_forward  # the common call (attention_plain.py)
+    _project = project  # 1. projections (attention_project.py)
+    _project_query = project_query
+    _project_key_value = project_key_value
+    _queries_and_keys = queries_and_keys  # 2. queries and keys (attention_keys.py)
+    _output = output  # 4. merge heads, output projection (attention_project.py)
 
     def __init__(
         self,
@@ -327,7 +300,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 "or sequence parallelism: run the padded batch"
             )
         if self._sequence_parallel is not None:  # this rank holds a chunk of the sequence
-            structure = _structure(window, documents, prefix, mask_mod, block_size)
+            structure = structure_args(window, documents, prefix, mask_mod, block_size)
             extra = {name: arg for name, arg in structure.items() if arg is not None}
             return self._sequence_parallel(
                 self, query, key, value, mask=mask, key_mask=key_mask, causal=causal,
@@ -337,7 +310,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         causal = self.causal if causal is None else check_flag("causal", causal)
         hooks = hooks_for(self)
         if lengths is not None:
-            structure = _structure(window, documents, prefix, mask_mod, block_size)
+            structure = structure_args(window, documents, prefix, mask_mod, block_size)
             refuse_with_lengths(
                 key, value, mask, key_mask, cache, positions, return_weights, structure
             )
@@ -423,157 +396,3 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             y = y[0]
             weights = None if weights is None else weights[0]
         return (y, weights) if return_weights else y
-
-    def _plain_forward(self, query: Tensor, causal: bool, cache: KVCache | None) -> Tensor:
-        """The common call, with nothing of the general path's to decide: batched
-        self-attention through the packed projection; no hooks, mask, positions, position
-        scheme or structure of the call's own; no cache or a KVCache. The same four steps as
-        `forward` in the fewest Python calls: at small shapes each costs ~1% of the call
-        (`multihead bench attention`, small calls vs the hand-written floor: a decode step at
-        width 576 1.22x -> 1.20x, an eval call at width 256 1.17x -> 1.15x; then, with the
-        fast path tested first in `forward`, a static cache written by `append_plain` and
-        fewer calls in make_call / dispatch / sdpa: decode 1.19x -> 1.15x, eval 1.13x ->
-        1.12x, medians of 31 rounds in three alternating process pairs; then `dispatch_plain`,
-        which builds no AttentionCall where auto would run torch's kernel as is: decode
-        1.16x -> 1.13x, eval 1.14x -> 1.10x, medians of per-round ratios).
-        query (B, T, C) -> (B, T, C)."""
-        H, Hkv = self.num_heads, self.num_kv_heads
-        B, T, _ = query.shape
-        # (B, T, C) -> q (B, H, T, D), k, v (B, Hkv, T, D)
-        q, k, v = split_fused(linear(_sub(self, "in_proj"), query), (H, Hkv, Hkv))
-        mask, window = None, None
-        dropout_p = self.dropout if self.training else 0.0
-        if cache is None:
-            out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
-        else:
-            point = cache.checkpoint()  # (a backend that refuses at run time: undo the append)
-            try:
-                k, v, mask, window = cache.append_plain(self, k, v)
-                if mask is not None:  # padding the cache remembers: (B, Tk) -> (B, 1, 1, Tk)
-                    mask = mask[:, None, None, :]
-                out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
-            except (ValueError, TypeError):
-                cache.rollback(point)
-                raise
-        # (B, H, T, Dv) -> (B, T, H * Dv): free when the kernel wrote (B, T, H, Dv), as SDPA does
-        return linear(_sub(self, "out_proj"), out.transpose(1, 2).reshape(B, T, H * out.shape[3]))
-
-    # -- step 1: projections ------------------------------------------------------------------
-
-    def _run_in_proj(self, x: Tensor) -> Tensor:
-        return linear(self.in_proj, x)
-
-    def _packed(self) -> PackedWeights:
-        return PackedWeights(self.in_proj.weight, self.in_proj.bias, self._run_in_proj)
-
-    def _project(
-        self, query: Tensor, key: Tensor, value: Tensor, self_attention: bool, blocked=False
-    ):
-        """Inputs -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D). `blocked`: self-attention's
-        q, k, v as whole blocks of one buffer (`blocked_projection`), not column ranges."""
-        H, Hkv = self.num_heads, self.num_kv_heads
-        if blocked:
-            packed = self._packed()
-            q_rows, kv_rows = packed_rows(packed, (H, Hkv))
-            parts = blocked_projection(
-                query, packed.weight, packed.bias, (q_rows, kv_rows, kv_rows)
-            )
-            q, k, v = (heads_first(p, n) for p, n in zip(parts, (H, Hkv, Hkv), strict=True))
-            return q, k, v
-        if not self.packed:
-            q, k, v = (
-                linear(self.q_proj, query),
-                linear(self.k_proj, key),
-                linear(self.v_proj, value),
-            )
-            return heads_first(q, H), heads_first(k, Hkv), heads_first(v, Hkv)
-        if self_attention:  # the hot path: one fused matmul, viewed per head, then split
-            q, k, v = split_fused(linear(_sub(self, "in_proj"), query), (H, Hkv, Hkv))
-            return q, k, v
-        return project_packed(self._packed(), (H, Hkv), query, key, value, False)
-
-    def _project_query(self, query: Tensor) -> Tensor:
-        """query (B, Tq, C) -> q (B, H, Tq, D), without touching the key/value rows."""
-        H = self.num_heads
-        if self.packed:
-            return heads_first(packed_query(self._packed(), (H, self.num_kv_heads), query), H)
-        return heads_first(linear(self.q_proj, query), H)
-
-    def _project_key_value(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """key (B, Tk, kdim), value (B, Tk, vdim) -> k, v (B, Hkv, Tk, D)."""
-        Hkv = self.num_kv_heads
-        if self.packed:
-            return packed_key_value(self._packed(), (self.num_heads, Hkv), key, value)
-        return heads_first(linear(self.k_proj, key), Hkv), heads_first(
-            linear(self.v_proj, value), Hkv
-        )
-
-    # -- step 2: queries and the keys they attend to ------------------------------------------
-
-    def _queries_and_keys(
-        self,
-        x: Inputs,
-        cache: KVCache | CrossKVCache | None,
-        causal: bool,
-        positions: Tensor | None,
-        hooks: ModuleHooks | None,
-        blocked: bool = False,
-    ) -> tuple[Tensor, KeySet]:
-        if cache is not None and cache.cross:
-            if positions is not None:
-                raise ValueError("positions apply to self-attention; this call uses a cross cache")
-            q = self._project_query(x.query)
-            key, value = x.key, x.value
-
-            def project() -> tuple[Tensor, Tensor]:
-                assert key is not None and value is not None
-                return self._project_key_value(key, value)
-
-            memory = cast(CrossKVCache, cache).memory_for(self, key, x.key_mask, project)
-            keys = memory._replace(causal=causal)
-            if hooks is not None:
-                q = hooks.heads("hook_q", q)
-                keys = keys._replace(
-                    k=hooks.heads("hook_k", keys.k), v=hooks.heads("hook_v", keys.v)
-                )
-            return q, keys
-        source = x.query if x.self_attention else x.key
-        assert source is not None
-        key_mask = x.key_mask
-        if key_mask is not None:
-            key_mask = check_key_mask(key_mask, x.query.shape[0], source.shape[1], x.query.device)
-        value = x.query if x.self_attention else x.value
-        assert value is not None
-        q, k, v = self._project(x.query, source, value, x.self_attention, blocked)
-        if hooks is not None:
-            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
-        if self.q_norm is not None:  # (after hook_q: it shows the projection, as W_Q reads)
-            q = self.q_norm(q)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        # (a cross cache was served above)
-        self_cache: KVCache | None = cache  # type: ignore[assignment]
-        if self.position is not None or positions is not None:
-            q, k = rotate_by_position(self.position, q, k, x, self_cache, positions, hooks)
-        if self_cache is not None:
-            if not x.self_attention:
-                raise ValueError(
-                    "a KVCache serves self-attention; cross-attention takes a CrossKVCache"
-                )
-            return q, self_cache.keys_for(self, k, v, key_mask, causal)
-        return q, KeySet(k, v, key_mask, None, causal, k.shape[2] - q.shape[2])
-
-    # -- step 4: merge heads, output projection -----------------------------------------------
-
-    def _output(self, out: Tensor, hooks: ModuleHooks | None) -> Tensor:
-        """out (B, H, Tq, Dv) -> (B, Tq, C)."""
-        if hooks is not None:
-            out = hooks.heads("hook_z", out)
-            if "hook_result" in hooks:
-                projected = head_results(out, self.out_proj.weight, self.out_proj.bias, hooks)
-                if projected is not None:
-                    return projected
-        B, H, Tq, Dv = out.shape
-        # (B, H, Tq, Dv) -> (B, Tq, H * Dv): free when the kernel wrote (B, Tq, H, Dv), as SDPA does
-        out_proj = _sub(self, "out_proj")
-        return linear(out_proj, out.transpose(1, 2).reshape(B, Tq, H * Dv))

@@ -198,3 +198,20 @@ def structure_after_dropped_keys(
 
         mask_mod = shifted
     return documents, prefix, mask_mod
+
+
+SLOTS_REFUSE_STRUCTURE = (
+    "window=, documents=, prefix= and mask_mod= need keys in position order; this "
+    "StaticKVCache keeps them in slots (give the cache its window= instead)"
+)
+
+
+def structure_args(window, documents, prefix, mask_mod, block_size) -> dict:
+    """The structure arguments by name (for the paths that pass them on or refuse them)."""
+    return {
+        "window": window,
+        "documents": documents,
+        "prefix": prefix,
+        "mask_mod": mask_mod,
+        "block_size": block_size,
+    }

@@ -1,7 +1,8 @@
 """`multihead.load(source)`: whatever model `source` names, as the family it is.
 
-The source is resolved once (`models.source.resolve_model`: a directory, a .gguf file, a Hub
-id in the local cache, the packaged default); the checkpoint then says the family: a GGUF file
+The source is resolved and checked first (`models.check.check_model`: a directory, a .gguf
+file, a Hub id in the local cache, the packaged default; every file it needs readable, with the
+messages the command line prints); the checkpoint then says the family: a GGUF file
 or a config.json model_type gpt2/llama/mistral/qwen2 is a causal LM (`load_causal_lm`), a
 BERT-family model_type an encoder with its tokenizer (`load_encoder`). Any other model_type goes
 to the bridge (`multihead.bridge.load_bridged`: transformers builds the model, multihead's
@@ -15,11 +16,9 @@ import os
 import torch
 from torch import nn
 
-from ..model_layout import transformer_folder
 from ..models.causal_lm import CAUSAL_LM_FAMILIES, load_causal_lm
-from ..models.checkpoint import read_json
+from ..models.check import check_model
 from ..models.encoder import ENCODER_FAMILIES
-from ..models.source import resolve_model
 from . import load_encoder
 
 
@@ -29,23 +28,20 @@ def load(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> nn.Module:
-    """A `CausalLM` (GGUF files; model_type gpt2, llama, mistral, qwen2) or a
+    """A `CausalLM` (GGUF files; a model_type of `CAUSAL_LM_FAMILIES`) or a
     `SentenceEncoder` (bert, distilbert, mpnet, roberta, xlm-roberta), in eval mode, from
     `source` (None: the packaged all-MiniLM-L6-v2); for any other model_type a
     `multihead.bridge.BridgedModel` (see docs/bridge.md). `dtype`: None keeps the
     checkpoint's (float32 for quantised GGUF weights); `device`: where the weights go."""
-    resolved = resolve_model(source)
-    if resolved.is_gguf:
-        return load_causal_lm(resolved.path, dtype=dtype, device=device)
-    config_file = transformer_folder(resolved.path) / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"model directory {str(resolved.path)!r} lacks config.json")
-    model_type = read_json(config_file).get("model_type")
-    if model_type in CAUSAL_LM_FAMILIES:
-        return load_causal_lm(resolved.path, dtype=dtype, device=device)
-    if model_type in ENCODER_FAMILIES:
-        return load_encoder(resolved.path, dtype=dtype, device=device)
-    return load_through_bridge(resolved.path, config_file, model_type, dtype, device)
+    # fast, and the same checks and messages as the command line's --model (any model_type:
+    # what no native family reads goes to the bridge, which refuses by name what it cannot route)
+    model = check_model(source)
+    if model.is_gguf or model.model_type in CAUSAL_LM_FAMILIES:
+        return load_causal_lm(model.path, dtype=dtype, device=device)
+    if model.model_type in ENCODER_FAMILIES:
+        return load_encoder(model.path, dtype=dtype, device=device)
+    config_file = model.folder / "config.json"
+    return load_through_bridge(model.path, config_file, model.model_type, dtype, device)
 
 
 def load_through_bridge(
