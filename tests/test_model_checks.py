@@ -106,12 +106,16 @@ def test_the_check_reads_a_good_model(models):
 
 
 def test_unsupported_architecture_is_named_before_missing_files(tmp_path):
-    (tmp_path / "t5").mkdir()
-    (tmp_path / "t5" / "config.json").write_text('{"model_type": "t5"}')
-    with pytest.raises(ModelCheckError, match=r"unsupported architecture: model_type 't5'"):
-        multihead.load(tmp_path / "t5")
+    (tmp_path / "odd").mkdir()  # no native family, and transformers (the bridge) knows none
+    (tmp_path / "odd" / "config.json").write_text('{"model_type": "no-such-family"}')
+    with pytest.raises(ModelCheckError, match=r"unsupported architecture: it is neither a native"):
+        multihead.load(tmp_path / "odd")
     with pytest.raises(ModelCheckError, match=r"lacks model\.safetensors"):  # no list: any type
-        check_model(tmp_path / "t5")
+        check_model(tmp_path / "odd")
+    (tmp_path / "t5").mkdir()  # the bridge builds T5: its missing weights are what is wrong
+    (tmp_path / "t5" / "config.json").write_text('{"model_type": "t5"}')
+    with pytest.raises(ModelCheckError, match=r"lacks model\.safetensors"):
+        multihead.load(tmp_path / "t5")
 
 
 CHECK_WITHOUT_TORCH = """

@@ -5,7 +5,7 @@ and modules never import it). `wrap(model)` for a model you built; `load_bridged
 
 from .attention import NAME, bridge_attention, register
 from .discover import BridgeError
-from .loading import load_bridged
+from .loading import bridged_class, load_bridged
 from .model import BridgeConfig, BridgedModel
 from .wrapping import wrap
 
@@ -15,6 +15,7 @@ __all__ = [
     "BridgeError",
     "BridgedModel",
     "bridge_attention",
+    "bridged_class",
     "load_bridged",
     "register",
     "wrap",

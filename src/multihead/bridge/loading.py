@@ -31,26 +31,13 @@ def model_class(config: Any) -> Any:
     )
 
 
-def load_bridged(
-    source: str | os.PathLike[str],
-    *,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-) -> BridgedModel:
-    """The model in `source` (a directory in the Hugging Face layout or a cached Hub id) built by
-    transformers, routed through multihead's attention, in eval mode, with its tokenizer when
-    the directory has one. The architecture is checked before its weights are read."""
-    from transformers import AutoConfig, AutoTokenizer
+def bridged_class(folder: str | os.PathLike[str]) -> Any:
+    """The transformers class the bridge would build for the model directory `folder`, from its
+    config.json alone (no weights read); BridgeError naming the architecture when transformers
+    does not know it or its attention does not go through the registry."""
+    from transformers import AutoConfig
 
-    from ..models.source import resolve_model
-
-    resolved = resolve_model(source)
-    if resolved.is_gguf:
-        raise BridgeError(
-            f"{str(resolved.path)!r}: the bridge reads model directories; this GGUF file's "
-            "architecture has no native multihead family"
-        )
-    folder = Path(resolved.path)
+    folder = Path(folder)
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except (ValueError, KeyError) as e:  # a model_type transformers does not know
@@ -65,6 +52,30 @@ def load_bridged(
             "attention registry (AttentionInterface), so multihead's attention cannot be put "
             "inside it"
         )
+    return cls
+
+
+def load_bridged(
+    source: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> BridgedModel:
+    """The model in `source` (a directory in the Hugging Face layout or a cached Hub id) built by
+    transformers, routed through multihead's attention, in eval mode, with its tokenizer when
+    the directory has one. The architecture is checked before its weights are read."""
+    from transformers import AutoTokenizer
+
+    from ..models.source import resolve_model
+
+    resolved = resolve_model(source)
+    if resolved.is_gguf:
+        raise BridgeError(
+            f"{str(resolved.path)!r}: the bridge reads model directories; this GGUF file's "
+            "architecture has no native multihead family"
+        )
+    folder = Path(resolved.path)
+    cls = bridged_class(folder)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -91,12 +91,15 @@ def check_model(
     tokenizer: bool | None = None,
     model_types: Collection[str] | None = None,
     reader: str = "multihead.load",
+    architecture: Callable[[ModelFiles], None] | None = None,
 ) -> ModelFiles:
     """The model behind `name` (None: the packaged default), with every file it needs
     readable. `tokenizer`: True requires a tokenizer (what reads text needs one), None checks
     tokenizer.json where there is one (`multihead.load`: a model without a tokenizer loads, for
     token ids), False skips it. `model_types`: the config.json model_type values `reader`
-    reads (None: any), checked as soon as config.json is read."""
+    reads (None: any), checked as soon as config.json is read. `architecture`: a further check of
+    what the config says, run then too (`multihead.load`: can the bridge build a model_type no
+    native family reads); its ValueError becomes this model's error."""
     source = resolve_model(name)
     text = source.name
     if source.is_gguf:  # (its architecture is checked by the GGUF reader)
@@ -111,6 +114,11 @@ def check_model(
                 f"unsupported architecture: model_type {model.model_type!r}; {reader} reads "
                 f"model_type {', '.join(map(repr, sorted(model_types)))}"
             )
+        if architecture is not None:
+            try:
+                architecture(model)
+            except ValueError as e:
+                raise model.error(str(e)) from None
     _check_files(model, tokenizer is True)
     _check_weights(model)
     if tokenizer or (tokenizer is None and has_tokenizer):

@@ -12,12 +12,13 @@ bridge second, in this one resolver. The bridge (and transformers) is imported o
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..models.causal_lm import CAUSAL_LM_FAMILIES, load_causal_lm
-from ..models.check import check_model
+from ..models.check import ModelFiles, check_model
 from ..models.encoder import ENCODER_FAMILIES
 from . import load_encoder
 
@@ -35,13 +36,36 @@ def load(
     checkpoint's (float32 for quantised GGUF weights); `device`: where the weights go."""
     # fast, and the same checks and messages as the command line's --model (any model_type:
     # what no native family reads goes to the bridge, which refuses by name what it cannot route)
-    model = check_model(source)
+    model = check_model(source, architecture=_native_or_bridged)
     if model.is_gguf or model.model_type in CAUSAL_LM_FAMILIES:
         return load_causal_lm(model.path, dtype=dtype, device=device)
     if model.model_type in ENCODER_FAMILIES:
         return load_encoder(model.path, dtype=dtype, device=device)
     config_file = model.folder / "config.json"
     return load_through_bridge(model.path, config_file, model.model_type, dtype, device)
+
+
+def _native_or_bridged(model: ModelFiles) -> None:
+    """Checked as soon as config.json is read, before the files: a model_type no native family
+    reads must be one the bridge can build (transformers is imported only then)."""
+    if model.model_type in CAUSAL_LM_FAMILIES or model.model_type in ENCODER_FAMILIES:
+        return
+    _bridge(model.folder / "config.json", model.model_type).bridged_class(model.folder)
+
+
+def _bridge(config_file: os.PathLike[str], model_type: object) -> Any:
+    """multihead.bridge (imported here only: `import multihead` and native loads never import
+    transformers); a ValueError naming the model_type when transformers is missing."""
+    known = sorted([*CAUSAL_LM_FAMILIES, *ENCODER_FAMILIES])
+    try:
+        from .. import bridge
+    except ImportError as e:  # transformers missing
+        raise ValueError(
+            f"{str(config_file)!r}: unsupported architecture: model_type {model_type!r}; "
+            f"multihead.load reads model_type {', '.join(map(repr, known))} natively, and "
+            f"others through the bridge, which needs transformers ({e})"
+        ) from None
+    return bridge
 
 
 def load_through_bridge(
@@ -51,15 +75,5 @@ def load_through_bridge(
     dtype: torch.dtype | None,
     device: torch.device | str | None,
 ) -> nn.Module:
-    """A model_type with no native family, through the bridge (imported here only: `import
-    multihead` and native loads never import transformers)."""
-    known = sorted([*CAUSAL_LM_FAMILIES, *ENCODER_FAMILIES])
-    try:
-        from ..bridge import load_bridged
-    except ImportError as e:  # transformers missing
-        raise ValueError(
-            f"{str(config_file)!r}: unsupported architecture: model_type {model_type!r}; "
-            f"multihead.load reads model_type {', '.join(map(repr, known))} natively, and "
-            f"others through the bridge, which needs transformers ({e})"
-        ) from None
-    return load_bridged(path, dtype=dtype, device=device)
+    """A model_type with no native family, through the bridge."""
+    return _bridge(config_file, model_type).load_bridged(path, dtype=dtype, device=device)
