@@ -22,7 +22,15 @@ LAYOUT = "config.json, model.safetensors or pytorch_model.bin, tokenizer.json"
 SHARD_INDEX = "model.safetensors.index.json"
 # model_type values that load_encoder and load_causal_lm read (literals: the CLI checks before
 # importing torch; tests keep them equal to models.ENCODER_FAMILIES and CAUSAL_LM_FAMILIES)
-ENCODER_TYPES = ("bert", "distilbert", "electra", "mpnet", "roberta", "xlm-roberta")
+ENCODER_TYPES = (
+    "bert",
+    "distilbert",
+    "electra",
+    "modernbert",
+    "mpnet",
+    "roberta",
+    "xlm-roberta",
+)
 CAUSAL_LM_TYPES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "phi3")
 
 

@@ -119,7 +119,8 @@ class TransformerBlock(nn.Module):
         dtype=None,
     ) -> None:
         """`mlp`: "gelu" (Linear-GELU-Linear; `activation` names another pointwise function, as
-        Hugging Face's hidden_act), "swiglu", or "none" (an attention-only block: no MLP branch,
+        Hugging Face's hidden_act), "swiglu", "geglu" (gated, `activation` on the gate: gelu
+        unless named), or "none" (an attention-only block: no MLP branch,
         as in the small models of Elhage et al. 2021; it has no hook_mlp_out, and hook_resid_post
         equals hook_resid_mid). `norm`: "layernorm" or "rmsnorm".
         `head_dim`: per-head width of self-attention (default dim // num_heads). `qkv_bias`,
@@ -162,6 +163,10 @@ class TransformerBlock(nn.Module):
         self.ffn: nn.Module | None
         if mlp == "swiglu":
             self.ffn = SwiGLU(dim, ffn_dim, bias=mlp_bias, **factory)
+        elif mlp == "geglu":  # the gated MLP with `activation` (default gelu) on the gate
+            self.ffn = SwiGLU(
+                dim, ffn_dim, bias=mlp_bias, activation_name=activation or "gelu", **factory
+            )
         elif mlp == "gelu":
             self.ffn = FeedForward(
                 dim, ffn_dim, activation_name=activation or "gelu", bias=mlp_bias, **factory
@@ -169,7 +174,7 @@ class TransformerBlock(nn.Module):
         elif mlp == "none":
             self.ffn = None
         else:
-            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu' or 'none'")
+            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu', 'geglu' or 'none'")
         self.norm2 = make_norm(norm, dim, norm_eps, **factory) if self.ffn is not None else None
         if self.ffn is None:
             self.hook_points = tuple(p for p in self.hook_points if p != "hook_mlp_out")

@@ -144,12 +144,24 @@ class FeedForward(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """`down(silu(gate(x)) * up(x))` (Shazeer 2020), the MLP of LLaMA-style blocks."""
+    """`down(act(gate(x)) * up(x))` (Shazeer 2020), the MLP of LLaMA-style blocks: act is
+    silu (SwiGLU) unless `activation_name` names another (GeGLU: "gelu", ModernBERT)."""
 
     hook_points = ("hook_pre", "hook_pre_linear", "hook_post")
 
-    def __init__(self, dim: int, hidden_dim: int, *, bias: bool = False, device=None, dtype=None):
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        bias: bool = False,
+        activation_name: str = "silu",
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
+        self.activation_name = activation_name
+        self.act = activation(activation_name)
         self.gate = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
         self.up = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
         self.down = nn.Linear(hidden_dim, dim, bias=bias, device=device, dtype=dtype)
@@ -157,7 +169,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         hooks = hooks_for(self)
         if hooks is None:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
+            return self.down(self.act(self.gate(x)) * self.up(x))
         gate = hooks("hook_pre", self.gate(x))
         up = hooks("hook_pre_linear", self.up(x))
-        return self.down(hooks("hook_post", F.silu(gate) * up))
+        return self.down(hooks("hook_post", self.act(gate) * up))
