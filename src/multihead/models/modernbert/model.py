@@ -93,9 +93,7 @@ class ModernBertEncoder(ModelWeights, nn.Module):
             )
             block.norm2 = LayerNorm(C, eps=config.layer_norm_eps, bias=config.norm_bias, **factory)
             self.layers.append(block)
-        self.final_norm = LayerNorm(
-            C, eps=config.layer_norm_eps, bias=config.norm_bias, **factory
-        )
+        self.final_norm = LayerNorm(C, eps=config.layer_norm_eps, bias=config.norm_bias, **factory)
 
     def weight_parts(self) -> dict[str, nn.Module | None]:
         """For W_E (see `multihead.modules.weights`); no position table, no W_U."""
