@@ -147,7 +147,8 @@ class TransformerBlock(nn.Module):
             position=position,
             **factory,
         )
-        self.norm1 = make_norm(norm, dim, norm_eps, **factory)
+        # (an Identity where a model has no norm before attention: ModernBERT's first layer)
+        self.norm1: nn.Module = make_norm(norm, dim, norm_eps, **factory)
         self.cross_attn: MultiHeadAttention | None = None
         if cross_attention:
             self.cross_attn = MultiHeadAttention(
