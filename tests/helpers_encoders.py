@@ -1,4 +1,4 @@
-"""Small random RoBERTa, XLM-RoBERTa, DistilBERT and MPNet checkpoints saved by `transformers`,
+"""Small random RoBERTa, XLM-RoBERTa, DistilBERT, MPNet, ELECTRA and ModernBERT checkpoints saved by `transformers`,
 each with a real tokenizer.json trained on a few sentences with the `tokenizers` library (BPE,
 Unigram, WordPiece; MPNet's: WordPiece with RoBERTa's <s> </s> specials), optionally wrapped as a sentence-transformers model (Pooling, Normalize).
 Nothing is downloaded."""
@@ -146,6 +146,28 @@ KINDS = {
         "wordpiece",
         dict(max_position_embeddings=40, embedding_size=16),
     ),
+    # layer 0 global, layer 1 local with a window (3 each side) shorter than the sentences;
+    # every bias present and distinct RoPE bases, so each shows in the states
+    "modernbert": (
+        "ModernBertConfig",
+        "ModernBertModel",
+        "wordpiece",
+        dict(
+            max_position_embeddings=40,
+            local_attention=6,
+            global_attn_every_n_layers=2,
+            global_rope_theta=500.0,
+            local_rope_theta=40.0,
+            norm_bias=True,
+            attention_bias=True,
+            mlp_bias=True,
+            pad_token_id=0,
+            cls_token_id=2,
+            sep_token_id=3,
+            bos_token_id=2,
+            eos_token_id=3,
+        ),
+    ),
 }
 
 
@@ -162,11 +184,15 @@ def save_encoder(directory: Path, model_type: str, *, seed: int = 0, **overrides
         sizes = dict(dim=24, n_layers=2, n_heads=3, hidden_dim=40)
     config = getattr(transformers, config_cls)(vocab_size=vocab, **sizes, **(extra | overrides))
     torch.manual_seed(seed)
-    kwargs = {} if model_type in ("distilbert", "electra") else {"add_pooling_layer": False}
+    kwargs = (
+        {}
+        if model_type in ("distilbert", "electra", "modernbert")
+        else {"add_pooling_layer": False}
+    )
     model = getattr(transformers, model_cls)(config, **kwargs)
     with torch.no_grad():  # every weight random, biases and norms included (init zeros / ones)
         for key, p in model.named_parameters():
-            p.normal_(1.0 if "LayerNorm" in key or "layer_norm" in key else 0.0, 0.2)
+            p.normal_(1.0 if "norm" in key.lower() else 0.0, 0.2)
     model.save_pretrained(directory)
     return model.eval()
 

@@ -14,7 +14,7 @@ from .errors import UsageError
 
 # model_type values that load_encoder and load_causal_lm read (literals: the CLI checks before
 # importing torch; tests keep them equal to models.ENCODER_FAMILIES and CAUSAL_LM_FAMILIES)
-ENCODER_TYPES = ("bert", "distilbert", "electra", "mpnet", "roberta", "xlm-roberta")
+ENCODER_TYPES = ("bert", "distilbert", "electra", "modernbert", "mpnet", "roberta", "xlm-roberta")
 CAUSAL_LM_TYPES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "phi3")
 CAUSAL_LM_TYPES += ("gemma", "gemma2", "gemma3_text", "qwen3", "olmo2")  # (models/decoder_keys.py)
 

@@ -8,6 +8,9 @@ loaders that dispatch on config.json's model_type.
   distilbert/  DistilBERT                   -> BertEncoder
   mpnet/       MPNet                        -> MPNetEncoder (a BertEncoder with a shared
                relative position bias)
+  electra/     ELECTRA                      -> BertEncoder (+ embeddings_project)
+  modernbert/  ModernBERT                   -> ModernBertEncoder (pre-norm GeGLU blocks, RoPE,
+               local / global layers)
 
   gguf/        GGUF files: header, dequantisation, tokenizer (each family's GGUF names and
                metadata in its folder: llama/gguf.py, gpt2/gguf.py)

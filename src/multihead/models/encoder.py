@@ -1,4 +1,5 @@
-"""`load_encoder_model(dir)`: an encoder checkpoint into a multihead BertEncoder, by model_type
+"""`load_encoder_model(dir)`: an encoder checkpoint into a multihead BertEncoder (ModernBertEncoder
+for ModernBERT), by model_type
 (the tokenizer and sentence-transformers settings are `multihead.pretrained.load_encoder`'s)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .distilbert import DISTILBERT
 from .electra import ELECTRA
 from .fields import unsupported_architecture
 from .loading import Family, load_model
+from .modernbert import MODERNBERT, ModernBertEncoder
 from .mpnet import MPNET
 from .roberta import ROBERTA
 
@@ -20,6 +22,7 @@ ENCODER_FAMILIES: dict[str, Family] = {
     "bert": BERT,
     "distilbert": DISTILBERT,
     "electra": ELECTRA,
+    "modernbert": MODERNBERT,
     "mpnet": MPNET,
     "roberta": ROBERTA,
     "xlm-roberta": ROBERTA,
@@ -31,12 +34,12 @@ def load_encoder_model(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
-) -> BertEncoder:
+) -> BertEncoder | ModernBertEncoder:
     """The encoder of a model directory (config.json + weights), in eval mode."""
     config = read_json(model_dir / "config.json")
     family = ENCODER_FAMILIES.get(config.get("model_type"))  # type: ignore[arg-type]
     if family is None:
         raise unsupported_architecture(config, "load_encoder", list(ENCODER_FAMILIES))
     model = load_model(family, config, open_checkpoint(model_dir), dtype=dtype, device=device)
-    assert isinstance(model, BertEncoder)
+    assert isinstance(model, BertEncoder | ModernBertEncoder)
     return model

@@ -134,7 +134,8 @@ class TransformerBlock(nn.Module):
         dtype=None,
     ) -> None:
         """`mlp`: "gelu" (Linear-GELU-Linear; `activation` names another pointwise function, as
-        Hugging Face's hidden_act), "swiglu", or "none" (an attention-only block: no MLP branch,
+        Hugging Face's hidden_act), "swiglu", "geglu" (gated, `activation` on the gate: gelu
+        unless named), or "none" (an attention-only block: no MLP branch,
         as in the small models of Elhage et al. 2021; it has no hook_mlp_out, and hook_resid_post
         equals hook_resid_mid). `norm`: "layernorm" or "rmsnorm".
         `head_dim`: per-head width of self-attention (default dim // num_heads). `qkv_bias`,
@@ -185,7 +186,8 @@ class TransformerBlock(nn.Module):
             **factory,
         )
         self.branch_norms = branch_norms
-        self.norm1 = new_norm() if branch_norms != "post" else None
+        # (ModernBERT replaces its first layer's norm1 by an Identity: no norm before attention)
+        self.norm1: nn.Module | None = new_norm() if branch_norms != "post" else None
         self.norm1_post = new_norm() if branch_norms != "pre" else None
         self.cross_attn: MultiHeadAttention | None = None
         if cross_attention:
@@ -200,8 +202,11 @@ class TransformerBlock(nn.Module):
             self.norm_cross = make_norm(norm, dim, norm_eps, **factory)
             self.hook_points = BLOCK_HOOK_POINTS + CROSS_HOOK_POINTS
         self.ffn: nn.Module | None
-        if mlp in ("swiglu", "gated"):
-            gate = "silu" if mlp == "swiglu" else activation or "silu"
+        if mlp in ("swiglu", "gated", "geglu"):
+            # the gated MLP: silu (SwiGLU), `activation` ("gated": Gemma's GeGLU), or gelu
+            # unless `activation` names another ("geglu": ModernBERT)
+            default = {"swiglu": "silu", "gated": "silu", "geglu": "gelu"}[mlp]
+            gate = "silu" if mlp == "swiglu" else activation or default
             self.ffn = SwiGLU(dim, ffn_dim, bias=mlp_bias, activation=gate, **factory)
         elif mlp == "gelu":
             self.ffn = FeedForward(
@@ -210,7 +215,9 @@ class TransformerBlock(nn.Module):
         elif mlp == "none":
             self.ffn = None
         else:
-            raise ValueError(f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu', 'gated' or 'none'")
+            raise ValueError(
+                f"unknown mlp {mlp!r}; choose 'gelu', 'swiglu', 'gated', 'geglu' or 'none'"
+            )
         has_ffn = self.ffn is not None
         self.norm2 = new_norm() if has_ffn and branch_norms != "post" else None
         self.norm2_post = new_norm() if has_ffn and branch_norms != "pre" else None

@@ -149,7 +149,7 @@ class FeedForward(nn.Module):
 class SwiGLU(nn.Module):
     """`down(silu(gate(x)) * up(x))` (Shazeer 2020), the MLP of LLaMA-style blocks; with
     `activation` another gate function by Hugging Face's name (Gemma's GeGLU:
-    "gelu_pytorch_tanh")."""
+    "gelu_pytorch_tanh"; ModernBERT's: "gelu")."""
 
     hook_points = ("hook_pre", "hook_pre_linear", "hook_post")
 
@@ -164,6 +164,7 @@ class SwiGLU(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        self.activation_name = activation
         self.gate = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
         self.up = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
         self.down = nn.Linear(hidden_dim, dim, bias=bias, device=device, dtype=dtype)

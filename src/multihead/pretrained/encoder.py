@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..functional.varlen import VarLen
 from ..hook_points import caches_as, observed
 from ..models.bert import BertEncoder, EncoderOutput
+from ..models.modernbert import ModernBertEncoder
 from ..models.text import ModelTokenizer
 from ..models.text_methods import TextMethods, is_text
 from .batches import TOKENS_PER_TEXT, run_batches, token_batches
@@ -39,7 +40,7 @@ class SentenceEncoder(nn.Module, TextMethods):
 
     def __init__(
         self,
-        model: BertEncoder,
+        model: BertEncoder | ModernBertEncoder,
         tokenizer: Tokenizer | ModelTokenizer,
         *,
         max_seq_length: int,
