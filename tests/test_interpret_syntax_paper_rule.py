@@ -44,7 +44,7 @@ def reference(sentences, model, tokenizer, zero_diagonal=True):
         for t, ((a, b), special) in enumerate(
             zip(enc.offsets, enc.special_tokens_mask, strict=True)
         ):
-            first = None if special else next((c for c in range(a, b) if not text[c].isspace()))
+            first = None if special else next(c for c in range(a, b) if not text[c].isspace())
             for w, (ws, we) in enumerate(spans):
                 if first is not None and ws <= first < we:
                     groups[w].append(t)
@@ -87,7 +87,7 @@ def test_minilm_on_the_shipped_corpus_follows_the_papers_rule(minilm):
     from multihead.cli.model_dir import DEFAULT_MODEL, check_model
     from multihead.cli.model_dir import load_subject as load_cli_subject
 
-    path, model, tokenizer = minilm
+    _, model, tokenizer = minilm
     sentences = read_conllu(shipped_corpus())[:SENTENCES]
     assert any("nmod:poss" in s.relations for s in sentences)  # the special case is exercised
     expected = reference(sentences, model, tokenizer)

@@ -35,7 +35,7 @@ from .corpus import UNSCORED, Sentence
 
 DIRECTIONS = ("dependent->head", "head->dependent")
 POSSESSIVES = frozenset({"poss", "nmod:poss"})
-CLITICS = frozenset({"'s", "'", "’s", "’", "s'"})
+CLITICS = frozenset({"'s", "'", "s'", "\u2019s", "\u2019"})  # \u2019: the typographic apostrophe
 
 
 def word_attention(attn, word_tokens: Sequence[Sequence[int]]) -> np.ndarray:
