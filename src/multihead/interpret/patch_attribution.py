@@ -144,9 +144,9 @@ def attribution_patch(
             return [(name, replace_heads([head], value, None if pos is None else [pos]))]
 
         if head_grid is not None:
-            head_grid = _verified(head_grid, verify, lambda lh: real(z_hook(*lh, None)))
+            head_grid = _verified(head_grid, verify, lambda lh: real(z_hook(lh[0], lh[1], None)))
         if pos_grid is not None:
-            pos_grid = _verified(pos_grid, verify, lambda lhp: real(z_hook(*lhp)))
+            pos_grid = _verified(pos_grid, verify, lambda p: real(z_hook(p[0], p[1], p[2])))
         for s, grid in resid_result.items():
             resid_result[s] = _verified(
                 grid,
