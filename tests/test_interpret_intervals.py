@@ -168,8 +168,7 @@ def test_the_corpus_html_report_shows_intervals_and_which_text_it_draws(gpt2, tm
     assert main(["inspect", "--corpus", str(corpus), "--model", str(gpt2), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert (
-        "a role is given only where the interval's low end clears the role's threshold\n"
-        in printed
+        "a role is given only where the interval's low end clears the role's threshold\n" in printed
     )
     page = out.read_text()
     payload = re.search(r"MultiheadReport\.render\((\{.*?\})\);</script>", page, re.S)
