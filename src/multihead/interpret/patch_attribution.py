@@ -19,10 +19,10 @@ prompts "When A and B went to the store, B gave a drink to", metric logit(A) - l
 per-head estimate tracks real patching (r = 0.98); on the factual-recall prompt "The Eiffel Tower
 is in the city of" against "The Colosseum is in the city of" (metric: the logit of " Paris") it
 does not (r = 0.68): early heads whose effect passes through later attention and MLPs get the
-wrong size or sign. For the residual stream (replacing the whole stream at one position), 0 (IOI)
-and 1 (fact) of the real top 10 are in the estimate's top 10, so asking for `resid` warns. `verify=k`
-patches the k entries the estimate ranks highest (by |estimate|, per kind) for real, one forward
-each, and puts the real fractions in their place: per head, verify=10 gives r = 0.993 (IOI) and
+wrong size or sign. For the residual stream (replacing the whole stream at one position), 0
+(IOI) and 1 (fact) of the real top 10 are in the estimate's top 10, so asking for `resid` warns.
+`verify=k` patches the k entries the estimate ranks highest (by |estimate|, per kind) for real,
+one forward each, and puts the real fractions in their place: per head, verify=10 gives r = 0.993 (IOI) and
 0.987 (fact) with 10 and 9 of the real top 10, at a cost of the clean and corrupted forwards, one
 backward and k forwards per kind asked. AtP*'s QK fix and GradDrop (Kramar et al. 2024) are not
 implemented: see docs/toolkit-cache.md.
@@ -74,8 +74,8 @@ def attribution_patch(
         warnings.warn(
             "attribution_patch on the residual stream is a poor screen: a linear estimate of "
             "replacing the whole stream at one position found 0 and 1 of the real top 10 on "
-            "SmolLM2's IOI and factual-recall prompts (see the docs); confirm with patch(..., resid=...) "
-            "or pass verify=k to patch the k largest estimates for real",
+            "SmolLM2's IOI and factual-recall prompts (see the docs); confirm with "
+            "patch(..., resid=...) or pass verify=k to patch the k largest estimates for real",
             UserWarning,
             stacklevel=2,
         )

@@ -263,8 +263,8 @@ class CausalLMSubject(Subject):
 def as_subject(model: Any) -> Subject:
     """A subject as it is; a `SentenceEncoder` wrapped as an `EncoderSubject`; a CausalLM that
     carries its tokenizer (`multihead.load(...)`'s: `model.tokenizer` set) as a `CausalLMSubject`
-    that reads texts as `load_subject` reads the same file (its BOS first). A CausalLM without one needs it given: `CausalLMSubject(model,
-    tokenizer, bos_id=...)` or `load_subject`."""
+    that reads texts as `load_subject` reads the same file (its BOS first). A CausalLM without
+    one needs it given: `CausalLMSubject(model, tokenizer, bos_id=...)` or `load_subject`."""
     if isinstance(model, Subject):
         return model
     if isinstance(model, SentenceEncoder):
