@@ -24,8 +24,8 @@ wrong size or sign. For the residual stream (replacing the whole stream at one p
 `verify=k` patches the k entries the estimate ranks highest (by |estimate|, per kind) for real,
 one forward each, and puts the real fractions in their place: per head, verify=10 gives
 r = 0.993 (IOI) and 0.987 (fact) with 10 and 9 of the real top 10, at a cost of the clean and
-corrupted forwards, one backward and k forwards per kind asked. AtP*'s QK fix and GradDrop (Kramar et al. 2024) are not
-implemented: see docs/toolkit-cache.md.
+corrupted forwards, one backward and k forwards per kind asked. AtP*'s QK fix and GradDrop
+(Kramar et al. 2024) are not implemented: see docs/toolkit-cache.md.
 
 Shapes: as `patch()`: heads (L, H), head_positions (L, H, T), resid[name] (L, T).
 """
