@@ -68,7 +68,9 @@ def owners(text, words, offsets, special):
 def loop(attentions, owner, words, causal):
     """{(relation, direction): (count, hits[l][h], mass[l][h], offsets)} by loops over heads and
     words: attention to a word summed over its tokens, from a word averaged; the most-attended
-    word (the first on a tie; causal: among the words up to the query)."""
+    OTHER word (Clark et al.: the first on a tie; causal: among the earlier words), and for
+    head->dependent the other word attending most to the dependent (causal: the later ones);
+    a possessive before 's is scored from the 's."""
     W, L, H = len(words), len(attentions), attentions[0].shape[1]
     tokens = [[t for t, w in enumerate(owner) if w == i] for i in range(W)]
     out: dict = {}
@@ -85,11 +87,19 @@ def loop(attentions, owner, words, causal):
             for d, (_, _, h, rel) in enumerate(words):
                 if h is None or rel in UNSCORED:
                     continue
+                if rel in ("poss", "nmod:poss") and d + 1 < W and words[d + 1][0] == "'s":
+                    d += 1
                 for direction in DIRECTIONS:
                     q, t = (d, h) if direction == "dependent->head" else (h, d)
                     if causal and t > q:
                         continue
-                    best = max(range(q + 1) if causal else range(W), key=lambda j: (M[q][j], -j))
+                    if direction == "dependent->head":
+                        others = [j for j in (range(d) if causal else range(W)) if j != d]
+                        pick = max(others, key=lambda j: (M[d][j], -j)) if others else -1
+                    else:
+                        others = [j for j in (range(d + 1, W) if causal else range(W)) if j != d]
+                        pick = max(others, key=lambda j: (M[j][d], -j)) if others else -1
+                    best = pick if direction == "dependent->head" else (t if pick == q else -1)
                     count, hits, mass, offsets = out.setdefault(
                         (rel, direction),
                         ([0], [[0] * H for _ in range(L)], [[0.0] * H for _ in range(L)], []),

@@ -135,3 +135,34 @@ def test_all_composition_scores_equal_the_dense_formula(tmp_path):
                     for m, right in (("Q", qk2), ("K", qk2.T), ("V", ov2)):
                         got = scores[m][l1, h1, l2, h2].item()
                         assert got == pytest.approx(score(ov1, right), rel=1e-4)
+
+
+def test_chunked_composition_scores_equal_the_unchunked_broadcast(tmp_path):
+    """The bounded computation (blocks of head pairs, whatever the bound) equals
+    `composition_scores` on the whole broadcast (L, H, L, H) pair, the unchunked formula."""
+    transformers = pytest.importorskip("transformers")
+    from multihead.factored_matrix import all_composition_scores
+    from multihead.pretrained import load_causal_lm
+
+    cfg = transformers.GPT2Config(vocab_size=40, n_embd=24, n_layer=3, n_head=4, n_positions=16)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    model = load_causal_lm(tmp_path, dtype=torch.float64)
+    with torch.no_grad():
+        OV, QK = model.OV, model.QK
+        for right in (QK, QK.T, OV):
+            whole = composition_scores(
+                OV.unsqueeze(2).unsqueeze(3), right.unsqueeze(0).unsqueeze(0)
+            )
+            earlier = torch.arange(3)[:, None, None, None] < torch.arange(3)[None, None, :, None]
+            whole = torch.where(earlier, whole, torch.zeros_like(whole))
+            for bound in (1, 6 * 6 * 8 * 5, 2**30):  # one pair at a time, 5 pairs, all at once
+                got = all_composition_scores(OV, right, max_bytes=bound)
+                torch.testing.assert_close(got, whole, rtol=1e-10, atol=1e-12)
+        assert torch.equal(
+            model.all_composition_scores("K", max_bytes=300), all_composition_scores(OV, QK.T)
+        )
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_bytes must be a positive int"):
+            all_composition_scores(OV, QK, max_bytes=bad)
+    with pytest.raises(ValueError, match=r"\(L, H, C, C\) circuits"):
+        all_composition_scores(OV[0], QK[0])

@@ -166,12 +166,23 @@ def test_short_text_and_truncation_notes(gpt2):
         analyze(subject, [TEXT], max_tokens=65)
 
 
-def test_a_bare_causal_lm_needs_its_tokenizer(gpt2):
+def test_a_causal_lm_that_carries_its_tokenizer_is_a_subject(gpt2):
+    """A loaded CausalLM carries its tokenizer: it is read as load_subject reads the directory
+    (the same tokens, Hugging Face's attentions); without one it is refused by name."""
     from multihead.pretrained import load_causal_lm
 
-    _, path = gpt2
-    with pytest.raises(TypeError, match="needs its tokenizer"):
-        as_subject(load_causal_lm(path))
+    hf, path = gpt2
+    lm = load_causal_lm(path)
+    subject = as_subject(lm)
+    reference = load_subject(str(path))
+    assert subject.encode(TEXT).ids == reference.encode(TEXT).ids
+    got = analyze(lm, [TEXT], probe=False).texts[0]
+    ids = subject.encode(TEXT).ids
+    assert got.tokens == analyze(reference, [TEXT], probe=False).texts[0].tokens
+    torch.testing.assert_close(got.attn, hf_attentions(hf, ids), atol=1e-5, rtol=1e-4)
+    lm.tokenizer = None
+    with pytest.raises(TypeError, match="carries no tokenizer"):
+        as_subject(lm)
     with pytest.raises(TypeError, match="expected a SentenceEncoder or a Subject"):
         analyze(torch.nn.Linear(2, 2), [TEXT])
 

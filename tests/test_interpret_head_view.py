@@ -244,8 +244,8 @@ def smollm2_view():
 
     lm = load(str(path))
     tok = lm.tokenizer
-    subject = CausalLMSubject(lm, tok.tokenizer, bos_id=tok.bos_id if tok.add_bos else None)
-    return subject, show(subject, TEXT + " " + TEXT, probe=False)
+    subject = CausalLMSubject(lm, tok.tokenizer, bos_id=tok.bos_id)  # as load_subject reads it
+    return subject, show(lm, TEXT + " " + TEXT, probe=False)  # the model, its tokenizer carried
 
 
 def test_head_view_of_smollm2(smollm2_view):
@@ -254,7 +254,8 @@ def test_head_view_of_smollm2(smollm2_view):
     subject, view = smollm2_view
     data = view.data
     assert (data["L"], data["H"]) == (30, 9) and data["causal"] is True
-    assert "".join(data["tokens"]).strip().startswith(TEXT)
+    assert data["tokens"][0] == "<|im_start|>"  # the BOS first, as inspect reads the file
+    assert "".join(data["tokens"][1:]).strip().startswith(TEXT)
     w = torch.from_numpy(unpacked(data))
     assert w.triu(1).abs().max() == 0  # causal: nothing above the diagonal
     torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)), atol=3e-3, rtol=0)

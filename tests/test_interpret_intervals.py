@@ -155,3 +155,29 @@ def test_inspect_text_hints(gpt2, tmp_path, capsys):
     assert "give TEXT or --corpus FILE, not both" in capsys.readouterr().err
     assert main(["inspect", "--model", str(gpt2)]) == 2
     assert "give TEXT to inspect (or --corpus FILE)" in capsys.readouterr().err
+
+
+def test_the_corpus_html_report_shows_intervals_and_which_text_it_draws(gpt2, tmp_path, capsys):
+    """inspect --corpus -o r.html: every role that has an interval shows it, a note names the
+    text the heatmaps come from, and the terminal footer is a whole sentence."""
+    import json
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "r.html"
+    assert main(["inspect", "--corpus", str(corpus), "--model", str(gpt2), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "a role is given only where the interval's low end clears the role's threshold\n" in printed
+    )
+    page = out.read_text()
+    payload = re.search(r"MultiheadReport\.render\((\{.*?\})\);</script>", page, re.S)
+    assert payload is not None
+    data = json.loads(payload.group(1).replace("<\\/", "</"))
+    note = f"The heatmaps and line views show text 1 of 3 ({TEXTS[0]!r}); the roles"
+    assert any(n.startswith(note) for n in data["notes"])
+    roles = [r for layer in data["roles"] for head in layer for r in head]
+    with_ci = [r for r in roles if r["ci"] is not None]
+    assert with_ci  # probe roles over its trials at least
+    for r in with_ci:
+        assert r["text"].endswith(f"(95% CI {r['ci'][0]:.2f}-{r['ci'][1]:.2f})")

@@ -64,3 +64,31 @@ def test_shapes_and_zeros_on_a_full_model():
     assert not any(p.grad is not None for p in model.parameters())  # no gradients left behind
     with pytest.raises(ValueError, match="differentiable"):
         attribution_patch(model, clean, corrupted, lambda out: metric(out).detach())
+
+
+def test_verify_puts_real_patches_in_place_of_the_top_estimates():
+    """verify=k: the k entries with the largest |estimate| of each kind are real patch()
+    fractions (the loop engine, an independent path), the others the estimate; resid warns."""
+    torch.manual_seed(4)
+    cfg = LMConfig(vocab_size=V, dim=18, num_layers=L, num_heads=H, position="rope", bias=False)
+    model = CausalLM(cfg, dtype=torch.float64).eval()
+    clean, corrupted = pair(1)
+    kwargs = dict(head_positions=True, resid="resid_pre")
+    with pytest.warns(UserWarning, match="residual stream is a poor screen"):
+        plain = attribution_patch(model, clean, corrupted, metric, **kwargs)
+    with pytest.warns(UserWarning, match="residual stream"):
+        checked = attribution_patch(model, clean, corrupted, metric, verify=4, **kwargs)
+    real = patch(model, clean, corrupted, metric, engine="loop", **kwargs)
+    for kind in ("heads", "head_positions"):
+        est, got, want = getattr(plain, kind), getattr(checked, kind), getattr(real, kind)
+        top = est.flatten().abs().argsort(descending=True)[:4]
+        rest = torch.ones(est.numel(), dtype=torch.bool)
+        rest[top] = False
+        torch.testing.assert_close(got.flatten()[top], want.flatten()[top])
+        assert torch.equal(got.flatten()[rest], est.flatten()[rest])
+        assert not torch.allclose(est.flatten()[top], want.flatten()[top])  # it did change
+    est, got = plain.resid["resid_pre"], checked.resid["resid_pre"]
+    top = est.flatten().abs().argsort(descending=True)[:4]
+    torch.testing.assert_close(got.flatten()[top], real.resid["resid_pre"].flatten()[top])
+    with pytest.raises(ValueError, match="verify must be a non-negative int"):
+        attribution_patch(model, clean, corrupted, metric, verify=-1)

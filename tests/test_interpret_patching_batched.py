@@ -84,3 +84,42 @@ def test_engine_choice_is_checked(setup):
             patch(model, clean, corrupted, metric, engine="batched")
     finally:
         model.eval()
+
+
+def halve(x, name):
+    return x / 2
+
+
+def test_inside_a_users_hooks_context_both_engines_give_one_answer(setup):
+    """A hooks() context that halves one residual stream (where the batched engine, running
+    blocks on cached streams, disagreed with the loop by up to 1.29): "auto" gives the loop's
+    answer, which is the manual patch under the same hook, and engine="batched" is refused
+    naming the hook point."""
+    from multihead.interpret import hooks, run_with_cache, run_with_hooks
+    from multihead.interpret.ablation import replace_heads
+
+    model, clean, corrupted = setup
+    kwargs = dict(resid="resid_pre")
+    point = "blocks.1.hook_resid_pre"
+    free = patch(model, clean, corrupted, metric, engine="batched", **kwargs)
+    with hooks(model, [(point, halve)]):
+        auto = patch(model, clean, corrupted, metric, **kwargs)
+        loop = patch(model, clean, corrupted, metric, engine="loop", **kwargs)
+        with pytest.raises(
+            ValueError, match=r"engine='batched' cannot run.*blocks\.1\.hook_resid_pre"
+        ):
+            patch(model, clean, corrupted, metric, engine="batched")
+    assert_same(auto, loop)
+    assert (auto.heads - free.heads).abs().max() > 1e-3  # the hook does change the answer
+    # the loop's answer is the manual patch under the same hook (head L0 H1, resid_pre L2 pos 4)
+    with torch.no_grad():
+        with hooks(model, [(point, halve)]):
+            _, cache = run_with_cache(model, clean)
+        base = metric(run_with_hooks(model, corrupted, fwd_hooks=[(point, halve)]))
+        full = metric(run_with_hooks(model, clean, fwd_hooks=[(point, halve)]))
+        z = cache["blocks.0.attn.hook_z"][:, :, [1]]
+        hooked = [(point, halve), ("blocks.0.attn.hook_z", replace_heads([1], z))]
+        one = metric(run_with_hooks(model, corrupted, fwd_hooks=hooked))
+    assert float((one - base) / (full - base)) == pytest.approx(float(loop.heads[0, 1]), abs=1e-5)
+    # outside the context the batched engine runs again
+    assert_same(patch(model, clean, corrupted, metric, **kwargs), free)

@@ -19,7 +19,7 @@ from multihead.interpret.syntax import (
 )
 from multihead.interpret.syntax.align import AlignmentError, token_words, word_tokens
 from multihead.interpret.syntax.corpus import UD_RELATIONS
-from multihead.interpret.syntax.scoring import pairs, tally
+from multihead.interpret.syntax.scoring import attended_by, pairs, tally
 
 # "the cat sat": the -> cat (det), cat -> sat (nsubj), sat root
 SENT = Sentence(("the", "cat", "sat"), (2, 3, 0), ("det", "nsubj", "root"))
@@ -58,8 +58,11 @@ def test_special_tokens_are_never_the_prediction():
 def test_both_directions_on_known_heads():
     # head 0 attends dependent -> head; head 1 attends head -> dependent (sat -> cat)
     a = np.zeros((1, 2, 3, 3))
-    a[0, 0] = [[0, 1, 0], [0, 0, 1], [1, 0, 0]]  # the->cat, cat->sat, sat->the
-    a[0, 1] = [[1, 0, 0], [1, 0, 0], [0, 1, 0]]  # the->the, cat->the, sat->cat
+    # rows: the, cat, sat (queries); the diagonal never counts
+    a[0, 0] = [[0, 0.6, 0.4], [0.3, 0, 0.7], [0.5, 0.2, 0.3]]  # the->cat, cat->sat, sat->the
+    # the attends most to sat (itself left out), cat to the; "the" is attended most by cat,
+    # "cat" by sat: head->dependent in the paper's sense (the transpose)
+    a[0, 1] = [[0.5, 0.1, 0.4], [0.8, 0.1, 0.1], [0.1, 0.8, 0.1]]
     items = [(SENT, a, [[0], [1], [2]])] * 2
     result = score_attention(items, causal=False, min_count=1, resamples=50)
     by = {(r.relation, r.direction): r for r in result.rows}
@@ -67,8 +70,8 @@ def test_both_directions_on_known_heads():
     nsubj_up, nsubj_down = by["nsubj", "dependent->head"], by["nsubj", "head->dependent"]
     np.testing.assert_array_equal(det_up.per_head, [[1.0, 0.0]])
     np.testing.assert_array_equal(nsubj_up.per_head, [[1.0, 0.0]])
-    np.testing.assert_array_equal(det_down.per_head, [[0.0, 1.0]])  # cat -> the
-    np.testing.assert_array_equal(nsubj_down.per_head, [[0.0, 1.0]])  # sat -> cat
+    np.testing.assert_array_equal(det_down.per_head, [[0.0, 1.0]])  # cat attends "the" most
+    np.testing.assert_array_equal(nsubj_down.per_head, [[0.0, 1.0]])  # sat attends "cat" most
     assert (nsubj_down.layer, nsubj_down.head, nsubj_down.count) == (0, 1, 2)
     assert nsubj_down.ci == (1.0, 1.0)
     assert (det_up.baseline_offset, det_up.baseline_accuracy) == (1, 1.0)
@@ -78,11 +81,11 @@ def test_both_directions_on_known_heads():
 def test_ties_go_to_the_first_word():
     a = np.zeros((1, 2, 3, 3))
     a[0, 0, 0] = [0.0, 0.5, 0.5]  # "the": cat and sat tie -> cat (first): right for det
-    a[0, 1, 0] = [0.5, 0.0, 0.5]  # "the": the and sat tie -> the: wrong
+    a[0, 1, 0] = [0.5, 0.0, 0.5]  # "the": itself left out -> sat: wrong
     a[0, :, 1] = [0.5, 0.0, 0.5]  # "cat": the and sat tie -> the: wrong for nsubj
     w = word_attention(a, [[0], [1], [2]])
     pred = predictions(w, causal=False)
-    assert pred[0, 0, 0] == 1 and pred[0, 1, 0] == 0 and pred[0, 0, 1] == 0
+    assert pred[0, 0, 0] == 1 and pred[0, 1, 0] == 2 and pred[0, 0, 1] == 0
     tallies, _ = tally([(SENT, w)], causal=False)
     np.testing.assert_array_equal(tallies["det", "dependent->head"].correct[0], [[1, 0]])
     np.testing.assert_array_equal(tallies["nsubj", "dependent->head"].correct[0], [[0, 0]])
@@ -100,8 +103,13 @@ def test_a_causal_model_scores_only_visible_pairs_and_candidates():
     w = np.zeros((1, 1, 3, 3))
     w[0, 0, 0] = [0.1, 0.0, 0.9]
     w[0, 0, 1] = [0.3, 0.2, 0.5]
-    assert predictions(w, causal=True)[0, 0].tolist() == [0, 0, 0]
+    # causal: only earlier words (the first word has none: -1); the word itself never
+    assert predictions(w, causal=True)[0, 0].tolist() == [-1, 0, 0]
     assert predictions(w, causal=False)[0, 0].tolist() == [2, 2, 0]
+    # the transpose: which later word attends to each word most (the last word: none)
+    w[0, 0, 2] = [0.6, 0.4, 0.0]
+    assert attended_by(w, causal=True)[0, 0].tolist() == [2, 2, -1]
+    assert attended_by(w, causal=False)[0, 0].tolist() == [2, 2, 0]
     a = np.tril(np.ones((3, 3)))
     a /= a.sum(-1, keepdims=True)
     a = a[None, None]
@@ -112,6 +120,35 @@ def test_a_causal_model_scores_only_visible_pairs_and_candidates():
         ("obj", "dependent->head"),
         ("det", "head->dependent"),
     }
+
+
+def test_a_word_never_predicts_itself():
+    """The paper's rule (attn_head_predictor zeroes the diagonal): a head that attends to the
+    word itself predicts the most-attended other word."""
+    w = np.zeros((1, 1, 3, 3))
+    w[0, 0] = [[0.9, 0.04, 0.06], [0.1, 0.85, 0.05], [0.2, 0.3, 0.5]]
+    assert predictions(w, causal=False)[0, 0].tolist() == [2, 0, 1]
+    assert attended_by(w, causal=False)[0, 0].tolist() == [2, 2, 0]
+    tallies, _ = tally([(SENT, w)], causal=False)
+    np.testing.assert_array_equal(tallies["det", "dependent->head"].correct[0], [[0]])
+    np.testing.assert_array_equal(tallies["nsubj", "dependent->head"].correct[0], [[0]])
+
+
+def test_a_possessive_before_the_clitic_is_scored_from_the_clitic():
+    """Clark et al.'s special case for poss: "Anna 's brother": the clitic's prediction (and
+    offset) stands for the possessor's."""
+    s = Sentence(
+        ("Anna", "'s", "brother", "sings"), (3, 1, 4, 0), ("nmod:poss", "case", "nsubj", "root")
+    )
+    up = pairs(s, "dependent->head", causal=False)[0]
+    assert (1, 2, "nmod:poss") in up and (1, 0, "case") in up
+    w = np.zeros((1, 2, 4, 4))
+    w[0, 0] = [[0, 0.1, 0.8, 0.1], [0.2, 0, 0.7, 0.1], [0, 0, 0, 1], [0, 0, 1, 0]]
+    w[0, 1] = [[0, 0.1, 0.8, 0.1], [0.7, 0, 0.2, 0.1], [0, 0, 0, 1], [0, 0, 1, 0]]
+    tallies, _ = tally([(s, w)], causal=False)
+    # head 0: 's -> brother (right) though Anna -> brother too; head 1: 's -> Anna (wrong)
+    np.testing.assert_array_equal(tallies["nmod:poss", "dependent->head"].correct[0], [[1, 0]])
+    assert tallies["nmod:poss", "dependent->head"].offsets == [1]
 
 
 def test_punctuation_and_root_are_not_scored():

@@ -74,13 +74,20 @@ def reference(attentions, word_of_token, sentence, causal):
                 if rel in ("punct", "root"):
                     continue
                 for direction in DIRECTIONS:
-                    q, t = (d, h) if direction == "dependent->head" else (h, d)
+                    # the paper's predictor: the most-attended-to OTHER word; head->dependent
+                    # reads the transpose (which word attends most to the dependent)
+                    if direction == "dependent->head":
+                        q, t, row = d, h, M[d]
+                        others = range(d) if causal else range(W)
+                    else:
+                        q, t, row = h, d, [M[j][d] for j in range(W)]
+                        others = range(d + 1, W) if causal else range(W)
                     if causal and t > q:
                         continue
-                    candidates = range(q + 1) if causal else range(W)
-                    best = max(candidates, key=lambda j: (M[q][j], -j))
+                    candidates = [j for j in others if j != d]
+                    best = max(candidates, key=lambda j: (row[j], -j))
                     correct, count = out.setdefault((rel, direction), (np.zeros((L, H)), [0]))
-                    correct[layer, head] += best == t
+                    correct[layer, head] += best == h
                     if layer == head == 0:
                         count[0] += 1
     return out

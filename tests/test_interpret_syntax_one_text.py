@@ -57,14 +57,18 @@ def test_hits_ties_and_the_baseline_on_one_text():
     }
     det_up = rows["det", "dependent->head"]
     assert (det_up.count, det_up.hits, det_up.heads) == (2, 2, ((0, 1), (0, 0)))
-    assert det_up.per_head.tolist() == [[2, 2, 0]]
+    # head 2: "the" attends to no other word, and the first other word (cat) wins the tie of
+    # zeros (the word itself is never a candidate); "a" looks at "." (wrong)
+    assert det_up.per_head.tolist() == [[2, 2, 1]]
     assert (det_up.baseline_offset, det_up.baseline_hits, det_up.margin) == (1, 2, 0)
-    # head->dependent: "cat" -> "the" and "dog" -> "a" are one to the left: head 2 alone
+    # head->dependent (the word attending most to the dependent): "cat" attends to "the" and
+    # "dog" to "a" in head 2 alone; heads 0 and 1 send nothing to "the", and its first other
+    # word (cat) wins their tie of zeros
     det_down = rows["det", "head->dependent"]
     assert (det_down.hits, det_down.heads, det_down.per_head.tolist()) == (
         2,
         ((0, 2),),
-        [[0, 0, 2]],
+        [[1, 1, 2]],
     )
     # nsubj head->dependent: "sat" -> "cat" and "ran" -> "dog", also one to the left
     nsubj_down = rows["nsubj", "head->dependent"]
@@ -99,10 +103,11 @@ def test_a_causal_text_scores_only_pairs_whose_target_comes_first():
     assert result.scored_pairs == {"dependent->head": 0, "head->dependent": 4}
     assert result.dropped == {"dependent->head": 4, "head->dependent": 0}
     assert {r.direction for r in result.rows} == {"head->dependent"}
-    # a uniform causal row ties every visible word and the first word of the text wins: right
-    # only for "cat" -> "the"
+    # head->dependent reads which later word attends to the dependent most: under uniform
+    # causal rows the next word does (it shares its weight among the fewest tokens), and here
+    # each dependent's head is the next word
     hits = {r.relation: (r.hits, r.count) for r in result.rows}
-    assert hits == {"det": (1, 2), "nsubj": (0, 2)}
+    assert hits == {"det": (2, 2), "nsubj": (2, 2)}
 
 
 def test_mismatched_groups_are_refused():

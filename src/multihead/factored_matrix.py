@@ -213,3 +213,48 @@ def composition_scores(left: FactoredMatrix, right: FactoredMatrix) -> Tensor:
         )
     product = left.collapse_l() @ right.collapse_r()  # (..., k_left, k_right)
     return product.norm(dim=(-2, -1)) / left.norm() / right.norm()
+
+
+DEFAULT_MAX_BYTES = 256 * 2**20  # composition products held at once (all_composition_scores)
+
+
+def all_composition_scores(
+    left: FactoredMatrix, right: FactoredMatrix, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Tensor:
+    """(L, H, L, H) composition scores of every earlier head's `left` circuit (L, H, C, C; an
+    OV) with every later head's `right` circuit (L, H, C, C: a QK, QK^T or OV), zero unless the
+    first layer comes before the second; equal to `composition_scores` on the broadcast pair.
+
+    Bounded memory: each head is collapsed once (its small SVD form, (k, C) / (C, k)), and the
+    products are formed for blocks of (source head, target head) pairs whose (n, k_left,
+    k_right) products take at most `max_bytes` (default 256 MiB), never for the whole
+    (L, H, L, H, k, k) at once; only pairs with the source layer before the target's are
+    formed. Beside them live the collapsed circuits (2 L H k C numbers) and the (L, H, L, H)
+    result. Shapes: L layers, H heads, C = d_model, k = d_head."""
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0:
+        raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+    if len(left.shape) != 4 or left.shape[:2] != right.shape[:2]:
+        raise ValueError(
+            f"left and right must be (L, H, C, C) circuits of the same heads, got "
+            f"{tuple(left.shape)} and {tuple(right.shape)}"
+        )
+    if left.rdim != right.ldim:
+        raise ValueError(
+            f"left {tuple(left.shape)} and right {tuple(right.shape)} do not chain: "
+            f"left's rdim {left.rdim} != right's ldim {right.ldim}"
+        )
+    L, H = left.shape[:2]
+    lc = left.collapse_l().flatten(0, 1)  # (L, H, kl, C) -> (L*H, kl, C)
+    rc = right.collapse_r().flatten(0, 1)  # (L, H, C, kr) -> (L*H, C, kr)
+    norms = left.norm().flatten()[:, None] * right.norm().flatten()[None, :]  # (L*H, L*H)
+    scores = torch.zeros(L * H, L * H, dtype=lc.dtype, device=lc.device)
+    per_pair = lc.shape[-2] * rc.shape[-1] * lc.element_size()  # one (kl, kr) product
+    pairs = max(1, max_bytes // per_pair)
+    layer = torch.arange(L, device=lc.device).repeat_interleave(H)  # (L*H,) each head's layer
+    for i in range(L * H):  # source heads one by one; targets in blocks of `pairs`
+        later = torch.nonzero(layer > layer[i]).flatten()
+        for start in range(0, len(later), pairs):
+            cols = later[start : start + pairs]
+            product = lc[i] @ rc[cols]  # (kl, C) @ (n, C, kr) -> (n, kl, kr)
+            scores[i, cols] = product.norm(dim=(-2, -1))
+    return (scores / norms).view(L, H, L, H)

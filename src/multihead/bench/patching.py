@@ -33,7 +33,8 @@ from ..interpret import (
     run_with_cache,
     run_with_hooks,
 )
-from ..modules import CausalLM, LMConfig
+from ..models.lm import CausalLM
+from ..modules import LMConfig
 from ..table import format_table
 from .timing import environment
 

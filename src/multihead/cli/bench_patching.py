@@ -34,12 +34,28 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--full-loop", action="store_true", help="run the whole loop engine instead of a sample"
     )
+    parser.add_argument(
+        "--attribution",
+        action="store_true",
+        help="instead: attribution patching (verify 0/10/30) against real patch() on the IOI "
+        "and factual-recall studies (needs --model with a tokenizer; the docs use SmolLM2)",
+    )
     add_common(parser)
 
 
 def run(args) -> int:
     apply_common(args)
     from ..bench import patching
+
+    if args.attribution:
+        from ..bench import attribution
+        from .errors import UsageError
+
+        if args.model is None:
+            raise UsageError("--attribution needs --model (a checkpoint with its tokenizer)")
+        model, name = patching._model(args.model, None)
+        print(attribution.run(model, name))
+        return 0
 
     print(
         patching.run(

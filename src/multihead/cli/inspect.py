@@ -267,7 +267,10 @@ def print_summary(args, analysis, L: int, H: int, model_limit: int) -> None:
     print("\nstrength = measured value / the role's threshold (1.00x: at it); strongest first")
     if N > 1:
         over = "texts" if analysis.probe is None else "texts (probe roles: over its trials)"
-        print(f"95% CI: bootstrap over the {over}; a role is given only where its low end clears")
+        print(
+            f"95% CI: bootstrap over the {over}; a role is given only where the interval's low "
+            "end clears the role's threshold"
+        )
     if args.layer is not None:
         roles = analysis.roles[args.layer][args.head]
         summary = "; ".join(str(r) for r in roles) if roles else "no clear role"

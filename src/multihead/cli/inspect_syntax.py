@@ -125,7 +125,7 @@ def print_section(section, note: str, top: int) -> None:
     if left:
         print(f"({left} more rows not shown; --top)")
     print(
-        "hits: pairs where the head's most-attended word is the target (special tokens never "
+        "hits: pairs the head links (its most-attended other word; special tokens never "
         "count);\nbest heads: those with the most hits, most attention on the targets first; "
         "base: the best\nfixed offset's hits on this text; punctuation and root not scored"
     )

@@ -183,8 +183,9 @@ def print_table(result, min_count: int) -> None:
     ]
     print(format_table(headers, rows, left=(0, 1, 3)))
     print(
-        "acc: the best head's accuracy (95% CI: bootstrap over sentences); base: the best fixed "
-        "offset's accuracy; punctuation and root not scored"
+        "acc: the best head's accuracy, by the most-attended other word (Clark et al. 2019; "
+        "95% CI: bootstrap over sentences);\nbase: the best fixed offset's accuracy; "
+        "punctuation and root not scored"
     )
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..functional import masks
-from ..hook_points import HookSession
+from ..hook_points import HookSession, hooks_for
 from ..modules.lm import CausalLM
 from .hooks import act_name, run_with_cache
 
@@ -43,7 +43,32 @@ def batched_refusal(model: Any, clean: tuple, kwargs: dict[str, Any]) -> str | N
         return f"it passes only attention_mask to the model, got {sorted(extra)}"
     if model.training:
         return "the model is in training mode (dropout would differ per patch): call .eval()"
+    held = open_hooks(model)
+    if held:
+        return (
+            f"hooks are open on the model ({held}: a hooks() / capture / head_gates context); "
+            "the batched engine runs blocks on cached, tiled streams, which such hooks would "
+            "see twice or not at all (engine='loop' runs every forward under them)"
+        )
     return None
+
+
+def open_hooks(model: Any) -> str:
+    """The hook points that sessions open in this context hold on `model`, named ("" when
+    none): what the batched engine cannot run under."""
+    names: list[str] = []
+    observers = False
+    for module in model.modules():
+        found = hooks_for(module)
+        if found is None:
+            continue
+        names += [full for entries in found.fns.values() for _, full in entries]
+        observers = observers or bool(found.observers)
+    shown = sorted(set(names))
+    text = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+    if observers:
+        text = f"{text}, attention observers" if text else "attention observers"
+    return text
 
 
 @dataclass

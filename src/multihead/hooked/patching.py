@@ -13,7 +13,9 @@ before the output projection), at every position, or one position at a time with
 `head_positions=True`; residual streams (`resid=("resid_pre", "resid_post")`) one block and one
 position at a time, without gradients. Two engines give the same fractions: the batched one
 (default for a CausalLM in eval mode: many patches per forward, the unchanged prefix of layers
-run once; `patch_batched.py`) and the loop (one whole forward per patch, any model). For an
+run once; `patch_batched.py`) and the loop (one whole forward per patch, any model). Inside a
+context that holds hooks on the model (`hooks()`, `capture`, `head_gates`), "auto" takes the loop,
+which runs every forward under those hooks, and engine="batched" is refused naming them. For an
 estimate of every patch from one forward and one backward, see `attribution_patch`.
 
 Shapes: clean and corrupted inputs alike (B, T); heads (L, H); head_positions (L, H, T);
@@ -147,7 +149,8 @@ def patch(
     `engine`: "batched" runs many patches per forward and the unchanged prefix of layers
     once (see `patch_batched`; CausalLM in eval mode, input_ids plus an optional
     attention_mask); "loop" runs one whole forward per patch; "auto" (default) takes "batched"
-    where it can run. Both give the same fractions up to float rounding. `batch_size`: patches
+    where it can run (not inside a context holding hooks on the model: the loop then runs every
+    forward under them). Both give the same fractions up to float rounding. `batch_size`: patches
     per batched forward (default: as many as keep the logits near 256 MB).
     Raises ValueError when the metric is the same on both inputs (nothing to recover) or NaN or
     infinite on either (`metric_checks.check_metric_pair`).

@@ -92,11 +92,29 @@ def report_data(
     L, H = analysis.shape
     roles = [
         [
-            [{"role": r.role, "text": r.description, "source": r.source} for r in head]
+            [
+                {
+                    "role": r.role,
+                    "text": r.description
+                    + (f" (95% CI {r.ci[0]:.2f}-{r.ci[1]:.2f})" if r.ci else ""),
+                    "source": r.source,
+                    "ci": list(r.ci) if r.ci else None,
+                }
+                for r in head
+            ]
             for head in analysis.roles[layer]
         ]
         for layer in range(L)
     ]
+    notes = list(analysis.notes)
+    N = len(analysis.texts)
+    if N > 1:  # the weights shown are one text's; the roles and metrics are over the corpus
+        shown = item.text if len(item.text) <= 80 else item.text[:79] + "…"
+        notes.append(
+            f"The heatmaps and line views show text {text_index + 1} of {N} ({shown!r}); the "
+            f"roles, their 95% intervals (bootstrap over the texts) and the metrics are over "
+            f"all {N} texts."
+        )
     names = [m for m in TABLE_METRICS if m in analysis.metrics or m in analysis.undefined]
     return {
         "id": "mh-" + secrets.token_hex(4),
@@ -105,7 +123,7 @@ def report_data(
         "H": H,
         "tokens": item.tokens,
         "tokens_total": item.total_tokens,
-        "notes": analysis.notes,
+        "notes": notes,
         "special": item.special,  # per token: hidden by "hide special tokens"
         "word_starts": item.word_starts,  # per token: False joins the word before when merged
         "causal": analysis.causal,

@@ -263,16 +263,23 @@ class CausalLMSubject(Subject):
 
 
 def as_subject(model: Any) -> Subject:
-    """A subject as it is; a `SentenceEncoder` wrapped as an `EncoderSubject`. A bare CausalLM
-    needs its tokenizer: `CausalLMSubject(model, tokenizer, bos_id=...)` or `load_subject`."""
+    """A subject as it is; a `SentenceEncoder` wrapped as an `EncoderSubject`; a CausalLM that
+    carries its tokenizer (`multihead.load(...)`'s: `model.tokenizer` set) as a `CausalLMSubject`
+    that reads texts as `load_subject` reads the same file (its BOS first). A CausalLM without
+    one needs it given: `CausalLMSubject(model, tokenizer, bos_id=...)` or `load_subject`."""
     if isinstance(model, Subject):
         return model
     if isinstance(model, SentenceEncoder):
         return EncoderSubject(model)
     if isinstance(model, CausalLM):
+        carried = getattr(model, "tokenizer", None)
+        if carried is not None:
+            # as load_subject reads the same file: the BOS first unless the tokenizer adds one
+            return CausalLMSubject(model, carried.tokenizer, bos_id=carried.bos_id)
         raise TypeError(
-            "a CausalLM needs its tokenizer: pass CausalLMSubject(model, tokenizer, bos_id=...) "
-            "or load_subject(model_dir)"
+            "this CausalLM carries no tokenizer (model.tokenizer is None): pass "
+            "CausalLMSubject(model, tokenizer, bos_id=...), load_subject(model_dir), or set "
+            "model.tokenizer"
         )
     raise TypeError(
         f"expected a SentenceEncoder or a Subject (EncoderSubject, CausalLMSubject), "

@@ -11,7 +11,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from ..factored_matrix import FactoredMatrix, composition_scores
+from ..factored_matrix import DEFAULT_MAX_BYTES, FactoredMatrix, all_composition_scores
 from .block import TransformerBlock
 from .folding import process_weights_
 from .weights import zeros_or
@@ -124,17 +124,15 @@ class ModelWeights:
             center_unembed=center_unembed,
         )
 
-    def all_composition_scores(self, mode: str) -> Tensor:
+    def all_composition_scores(self, mode: str, *, max_bytes: int | None = None) -> Tensor:
         """(L, H, L, H): how much head (l1, h1)'s output feeds head (l2, h2)'s query ("Q"),
         key ("K") or value ("V") input (Elhage et al. 2021; TransformerLens' definition):
         ||OV[l1, h1] @ C[l2, h2]||_F / (||OV[l1, h1]||_F ||C[l2, h2]||_F) with C = QK, QK^T or
-        OV. Zero unless l1 < l2 (a head reads only earlier layers' outputs)."""
+        OV. Zero unless l1 < l2 (a head reads only earlier layers' outputs). Memory stays
+        under about `max_bytes` of products (default 256 MiB; see
+        `multihead.factored_matrix.all_composition_scores`)."""
         if mode not in ("Q", "K", "V"):
             raise ValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
-        left = self.OV
         right = {"Q": self.QK, "K": self.QK.T, "V": self.OV}[mode]
-        # (L, H, 1, 1, C, C) against (1, 1, L, H, C, C) -> (L, H, L, H)
-        scores = composition_scores(left.unsqueeze(2).unsqueeze(3), right.unsqueeze(0).unsqueeze(0))
-        L = scores.shape[0]
-        earlier = torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]
-        return torch.where(earlier.to(scores.device), scores, torch.zeros_like(scores))
+        bound = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+        return all_composition_scores(self.OV, right, max_bytes=bound)

@@ -1,6 +1,7 @@
 """Syntax roles on one text (what `multihead inspect TEXT` adds when a spaCy pipeline is present):
-for each dependency relation in the text and each direction, the heads whose most-attended word
-is right most often, as hits out of the text's pairs, beside the best fixed offset's hits.
+for each dependency relation in the text and each direction, the heads whose most-attended other
+word (Clark et al. 2019's rule, see `scoring`) is right most often, as hits out of the text's
+pairs, beside the best fixed offset's hits.
 
 The scoring is `scoring`'s (Clark-style word attention, special tokens never a prediction,
 causal models scored only on pairs whose target comes first), applied to the whole text as the

@@ -72,11 +72,15 @@ def _sentence_svg(result: SyntaxResult, index: int, row: RelationScore) -> str |
         f'<text class="w" x="{x:.0f}" y="{base:.0f}" text-anchor="middle">{escape(w)}</text>'
         for x, w in zip(xs, sentence.words, strict=True)
     ]
-    predicted = result.predicted[index][row.layer, row.head]  # (W,)
+    forward = row.direction == "dependent->head"
+    found = (result.predicted if forward else result.attended)[index][row.layer, row.head]  # (W,)
     for q, t in arcs:
         parts.append(_arc(xs[q], xs[t], top, True, "gold"))
-        p = int(predicted[q])
-        parts.append(_arc(xs[q], xs[p], base + 8, False, "ok" if p == t else "bad"))
+        p = int(found[q if forward else t])  # the prediction; -1: no candidate
+        if p >= 0:  # dependent->head: q looks at p; head->dependent: p looks at t most
+            src, dst = (q, p) if forward else (p, t)
+            ok = p == (t if forward else q)
+            parts.append(_arc(xs[src], xs[dst], base + 8, False, "ok" if ok else "bad"))
     marker = (
         '<defs><marker id="a" viewBox="0 0 6 6" refX="5" refY="3" markerWidth="6" '
         'markerHeight="6" orient="auto"><path d="M0,0L6,3L0,6" style="stroke:#555"/>'
@@ -110,10 +114,12 @@ def html_page(result: SyntaxResult, show: str | None = None) -> str:
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
         f"<style>{CSS}</style></head><body><h1>{title}</h1>"
         f"<p>{L} layers x {H} heads, {len(result.sentences)} sentences, {result.words} words. "
-        f"Accuracy: how often the head's most-attended word is the target; baseline: the best "
+        f"Accuracy (Clark et al. 2019): dependent->head, how often the dependent's "
+        f"most-attended other word is its head; head->dependent, how often the word attending "
+        f"most to the dependent is its head; baseline: the best "
         f"fixed offset; 95% CI: bootstrap over sentences.</p>{_table(result)}"
         f"<h2>{escape(row.relation)} ({escape(row.direction)}): L{row.layer} H{row.head}</h2>"
-        f"<p>Above, blue: the annotated arcs (query to target). Below: where the head looks "
-        f"from each query, green when it is the target, red when not.</p>"
+        f"<p>Above, blue: the annotated arcs (query to target). Below: the head's link "
+        f"for each pair, green when it is the target, red when not.</p>"
         f"{''.join(svgs[:MAX_SENTENCES])}{note}</body></html>"
     )

@@ -13,7 +13,15 @@ import numpy as np
 
 from .align import AlignmentError, token_words, word_tokens
 from .corpus import Sentence, check_relations
-from .scoring import DIRECTIONS, RelationScore, predictions, summarize, tally, word_attention
+from .scoring import (
+    DIRECTIONS,
+    RelationScore,
+    attended_by,
+    predictions,
+    summarize,
+    tally,
+    word_attention,
+)
 
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
 
@@ -29,6 +37,7 @@ class SyntaxResult:
     dropped: dict[str, int] = field(default_factory=dict)  # direction -> arcs left out
     scored_pairs: dict[str, int] = field(default_factory=dict)  # direction -> arcs scored
     predicted: list[np.ndarray] = field(default_factory=list)  # per sentence: (L, H, W)
+    attended: list[np.ndarray] = field(default_factory=list)  # per sentence: (L, H, W)
     word_tokens: list[list[list[int]]] = field(default_factory=list)  # per sentence
 
     @property
@@ -96,6 +105,7 @@ def score_attention(
         dropped=dropped,
         scored_pairs=scored,
         predicted=[predictions(w, causal).astype(np.int32) for w in word_attns],
+        attended=[attended_by(w, causal).astype(np.int32) for w in word_attns],
         word_tokens=[[list(t) for t in g] for g in groups],
     )
 

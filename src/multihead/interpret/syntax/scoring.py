@@ -1,15 +1,24 @@
 """How well each head finds each dependency relation (Clark, Khandelwal, Levy & Manning 2019,
 "What Does BERT Look At?"): pure functions of captured attention and annotated sentences.
 
-Word-level attention: attention *to* a word is the sum over its tokens, attention *from* a
-word the mean over its tokens; tokens of no word (CLS/SEP/BOS) are dropped, so they are never
-a prediction. A head predicts, for each word, the word it attends to most (the first on a tie,
-as numpy's argmax). Two directions per relation:
-  dependent->head  correct when the dependent's most-attended word is its head;
-  head->dependent  correct when the head's most-attended word is this dependent.
-A causal model's word sees only itself and earlier words: only pairs whose target comes before
-the query are scored (dependent->head: heads before their dependent), and the candidates are
-the words up to the query. The baseline is the best fixed offset: the one relative position
+The rule is the paper's (its code: github.com/clarkkev/attention-analysis, Syntax_Analysis.ipynb
+`attn_head_predictor` / `evaluate_predictor`, bpe_utils.py `get_word_word_attention`):
+- Word-level attention: attention *to* a word is the sum over its tokens, attention *from* a word
+  the mean over its tokens; tokens of no word ([CLS]/[SEP]/BOS, other special tokens) are
+  dropped, so they are never a prediction.
+- A head predicts, for each word, the most-attended-to *other* word: the word's own column is
+  left out (the paper zeroes the diagonal), the first on a tie (numpy's argmax).
+- dependent->head: correct when the dependent's most-attended other word is its head.
+  head->dependent (the paper's "transpose" mode): correct when the word that attends most to the
+  dependent (the dependent itself left out) is its head.
+- Possessives: for `poss` / `nmod:poss` when the next word is the clitic 's (or '), the clitic's
+  prediction is scored in place of the possessor's (the paper's special case, section 4.2: the
+  model puts the possessed noun's link on 's), and the baseline offset is counted from it.
+A causal model's word sees only earlier words and itself: its candidates are the words before
+it (dependent->head), or the words after the dependent that can see it (head->dependent); only
+pairs whose target comes before the query are scored (dependent->head: heads before their
+dependent) and the others are counted as dropped. A word with no candidate (the first word of a
+causal model) predicts -1. The baseline is the best fixed offset: the one relative position
 (target - query) most often right for the relation over the scored pairs.
 
 Shapes: L layers, H heads, T tokens, W words, S sentences."""
@@ -25,6 +34,8 @@ import numpy as np
 from .corpus import UNSCORED, Sentence
 
 DIRECTIONS = ("dependent->head", "head->dependent")
+POSSESSIVES = frozenset({"poss", "nmod:poss"})
+CLITICS = frozenset({"'s", "'", "s'", "\u2019s", "\u2019"})  # \u2019: the typographic apostrophe
 
 
 def word_attention(attn, word_tokens: Sequence[Sequence[int]]) -> np.ndarray:
@@ -40,25 +51,56 @@ def word_attention(attn, word_tokens: Sequence[Sequence[int]]) -> np.ndarray:
     return np.einsum("wt,lhtv->lhwv", mean_rows, to_words)  # (L, H, W, W): mean over queries
 
 
+def _argmax_other(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    """(L, H, W, W) scores, (W, W) visible candidates -> (L, H, W): the argmax over each row's
+    visible columns other than the diagonal; -1 where a row has none."""
+    W = scores.shape[-1]
+    allowed = visible & ~np.eye(W, dtype=bool)
+    best = np.where(allowed, scores, -np.inf).argmax(-1)
+    return np.where(allowed.any(-1), best, -1)
+
+
 def predictions(word_attn: np.ndarray, causal: bool) -> np.ndarray:
-    """(L, H, W, W) -> (L, H, W): each word's most-attended word (causal: among words <= it)."""
-    scores = word_attn
+    """(L, H, W, W) -> (L, H, W): each word's most-attended other word (causal: among the words
+    before it); -1 when there is none."""
+    W = word_attn.shape[-1]
+    visible = np.ones((W, W), dtype=bool)
     if causal:
-        W = word_attn.shape[-1]
-        later = np.triu(np.ones((W, W), dtype=bool), k=1)
-        scores = np.where(later, -np.inf, word_attn)
-    return scores.argmax(-1)
+        visible = np.tril(visible, k=-1)
+    return _argmax_other(word_attn, visible)
+
+
+def attended_by(word_attn: np.ndarray, causal: bool) -> np.ndarray:
+    """(L, H, W, W) -> (L, H, W): for each word, the other word that attends to it most (the
+    paper's transpose mode; causal: among the words after it); -1 when there is none."""
+    W = word_attn.shape[-1]
+    visible = np.ones((W, W), dtype=bool)
+    if causal:
+        visible = np.triu(visible, k=1)
+    return _argmax_other(np.swapaxes(word_attn, -1, -2), visible)
+
+
+def correct(pred: np.ndarray, by: np.ndarray, q: int, t: int, direction: str) -> np.ndarray:
+    """(L, H) booleans: is the pair (query q, target t) right? `pred` / `by`: `predictions` /
+    `attended_by` of one sentence."""
+    if direction == "dependent->head":  # q: the dependent
+        return pred[:, :, q] == t
+    return by[:, :, t] == q  # q: the head, t: the dependent
 
 
 def pairs(sentence: Sentence, direction: str, causal: bool) -> tuple[list[tuple], int]:
     """(query word, target word, relation) 0-based for every scored arc, and how many arcs the
-    causal mask left out (0 for a bidirectional model)."""
+    causal mask left out (0 for a bidirectional model). The dependent of a possessive followed by
+    the clitic 's is the clitic (see the module docstring)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     out, dropped = [], 0
+    words = sentence.words
     for d, (h, rel) in enumerate(zip(sentence.heads, sentence.relations, strict=True)):
         if h == 0 or rel in UNSCORED:
             continue
+        if rel in POSSESSIVES and d + 1 < len(words) and words[d + 1].lower() in CLITICS:
+            d += 1
         q, t = (d, h - 1) if direction == "dependent->head" else (h - 1, d)
         if causal and t > q:
             dropped += 1
@@ -89,13 +131,15 @@ def tally(
     for sentence, word_attn in sentences:
         shape = word_attn.shape[:2]
         pred = predictions(word_attn, causal)  # (L, H, W)
+        by = attended_by(word_attn, causal)  # (L, H, W)
         mine: dict[tuple[str, str], tuple[np.ndarray, int, list[int]]] = {}
         for direction in DIRECTIONS:
             scored, lost = pairs(sentence, direction, causal)
             dropped[direction] += lost
             for q, t, rel in scored:
                 right, n, offsets = mine.get((rel, direction), (np.zeros(shape), 0, []))
-                mine[(rel, direction)] = (right + (pred[:, :, q] == t), n + 1, [*offsets, t - q])
+                hit = correct(pred, by, q, t, direction)
+                mine[(rel, direction)] = (right + hit, n + 1, [*offsets, t - q])
         local.append(mine)
     keys = sorted({key for mine in local for key in mine})
     none: tuple[np.ndarray, int, list[int]] = (np.zeros(shape), 0, [])
