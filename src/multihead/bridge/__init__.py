@@ -5,7 +5,7 @@ and modules never import it). `wrap(model)` for a model you built; `load_bridged
 
 from .attention import NAME, bridge_attention, register
 from .discover import BridgeError
-from .loading import bridged_class, load_bridged
+from .loading import bridged_class, bridged_gguf_class, load_bridged
 from .model import BridgeConfig, BridgedModel
 from .wrapping import wrap
 
@@ -16,6 +16,7 @@ __all__ = [
     "BridgedModel",
     "bridge_attention",
     "bridged_class",
+    "bridged_gguf_class",
     "load_bridged",
     "register",
     "wrap",

@@ -1,5 +1,7 @@
 """A checkpoint with no native family, built by transformers and wrapped (`wrap`): a model
-directory or a cached Hub id, as `multihead.models.source.resolve_model` names them."""
+directory or a cached Hub id, as `multihead.models.source.resolve_model` names them, or a GGUF
+file whose architecture transformers reads (its GGUF support: `gguf_file=`; the weights
+dequantised, the tokenizer from the file's metadata)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..models.gguf import GGUFFile
 from .discover import BridgeError, uses_registry
 from .model import BridgedModel
 from .wrapping import wrap
@@ -45,14 +48,42 @@ def bridged_class(folder: str | os.PathLike[str]) -> Any:
             f"{str(folder / 'config.json')!r}: unsupported architecture: it is neither a "
             f"native multihead family nor a model transformers can build ({e})"
         ) from None
+    return _checked_class(config, f"{str(folder / 'config.json')!r}")
+
+
+def _checked_class(config: Any, where: str) -> Any:
     cls = model_class(config)
     if not uses_registry(cls):
         raise BridgeError(
-            f"{cls.__name__} (model_type {config.model_type!r}) does not use transformers' "
-            "attention registry (AttentionInterface), so multihead's attention cannot be put "
-            "inside it"
+            f"{where}: {cls.__name__} (model_type {config.model_type!r}) does not use "
+            "transformers' attention registry (AttentionInterface), so multihead's attention "
+            "cannot be put inside it"
         )
     return cls
+
+
+def bridged_gguf_class(path: str | os.PathLike[str]) -> Any:
+    """The transformers class the bridge would build for the GGUF file `path`, from its
+    metadata alone (transformers reads the header; no tensor data); BridgeError naming the
+    general.architecture when transformers cannot read it or its attention does not go through
+    the registry."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except (ValueError, KeyError, OSError) as e:  # an architecture transformers cannot read
+        arch = _gguf_architecture(path)
+        raise BridgeError(
+            f"{str(path)!r}: unsupported architecture {arch!r} (general.architecture): it is "
+            "neither a native multihead GGUF family nor one transformers' GGUF support reads "
+            f"({' '.join(str(e).split())[:200]})"
+        ) from None
+    return _checked_class(config, f"{str(path)!r}")
+
+
+def _gguf_architecture(path: Path) -> object:
+    return GGUFFile(path).metadata.get("general.architecture")
 
 
 def load_bridged(
@@ -61,28 +92,29 @@ def load_bridged(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> BridgedModel:
-    """The model in `source` (a directory in the Hugging Face layout or a cached Hub id) built by
-    transformers, routed through multihead's attention, in eval mode, with its tokenizer when
-    the directory has one. The architecture is checked before its weights are read."""
+    """The model in `source` (a directory in the Hugging Face layout, a cached Hub id, or a GGUF
+    file transformers reads) built by transformers, routed through multihead's attention, in
+    eval mode, with its tokenizer when the directory (or the GGUF's metadata) has one. The
+    architecture is checked before its weights are read."""
     from transformers import AutoTokenizer
 
     from ..models.source import resolve_model
 
     resolved = resolve_model(source)
-    if resolved.is_gguf:
-        raise BridgeError(
-            f"{str(resolved.path)!r}: the bridge reads model directories; this GGUF file's "
-            "architecture has no native multihead family"
-        )
-    folder = Path(resolved.path)
-    cls = bridged_class(folder)
     kwargs: dict[str, Any] = {"local_files_only": True}
+    if resolved.is_gguf:
+        folder = Path(resolved.path).parent
+        cls = bridged_gguf_class(resolved.path)
+        kwargs["gguf_file"] = Path(resolved.path).name
+        has_tokenizer = "tokenizer.ggml.model" in GGUFFile(resolved.path).metadata
+    else:
+        folder = Path(resolved.path)
+        cls = bridged_class(folder)
+        has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs) if has_tokenizer else None
     if dtype is not None:
         kwargs["dtype"] = dtype
     model = cls.from_pretrained(folder, **kwargs)
     if device is not None:
         model = model.to(device)
-    tokenizer = None
-    if any((folder / name).is_file() for name in TOKENIZER_FILES):
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return wrap(model.eval(), tokenizer).eval()

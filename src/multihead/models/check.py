@@ -49,6 +49,9 @@ class ModelFiles:
     # sentence-transformers Transformer's subfolder); `folder` is the one to read
     transformer_dir: Path | None = None
     is_gguf: bool = False
+    # a GGUF file whose general.architecture no native family reads (then `config` is empty:
+    # `architecture` said the bridge can build it, and multihead.load routes it there)
+    gguf_architecture: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -99,11 +102,13 @@ def check_model(
     token ids), False skips it. `model_types`: the config.json model_type values `reader`
     reads (None: any), checked as soon as config.json is read. `architecture`: a further check of
     what the config says, run then too (`multihead.load`: can the bridge build a model_type no
-    native family reads); its ValueError becomes this model's error."""
+    native family reads); its ValueError becomes this model's error. A GGUF file whose
+    general.architecture no native family reads is refused, unless `architecture` is given: it
+    is then called with that file (`gguf_architecture` set, no config) to accept or refuse it."""
     source = resolve_model(name)
     text = source.name
     if source.is_gguf:  # (its architecture is checked by the GGUF reader)
-        return _check_gguf(text, source.path, tokenizer is True)
+        return _check_gguf(text, source.path, tokenizer is True, architecture)
     path = source.path
     model = ModelFiles(text, path, {}, _transformer_dir(text, path))
     has_tokenizer = (model.folder / "tokenizer.json").is_file()
@@ -126,12 +131,20 @@ def check_model(
     return model
 
 
-def _check_gguf(name: str, path: Path, tokenizer: bool) -> ModelFiles:
+def _check_gguf(
+    name: str, path: Path, tokenizer: bool, architecture: Callable[[ModelFiles], None] | None
+) -> ModelFiles:
     """A GGUF file's header read (no tensor data): the config.json it amounts to, and its
-    tokenizer's kind when one is needed."""
-    from .gguf import check_gguf_tokenizer, read_gguf  # imports torch
+    tokenizer's kind when one is needed. An architecture no native family reads goes to
+    `architecture` when there is one (else `read_gguf` refuses it by name)."""
+    from .gguf import GGUF_ARCHITECTURES, GGUFFile, check_gguf_tokenizer, read_gguf  # torch
 
     try:
+        arch = GGUFFile(path).metadata.get("general.architecture")
+        if architecture is not None and arch not in GGUF_ARCHITECTURES:
+            model = ModelFiles(name, path, {}, is_gguf=True, gguf_architecture=str(arch))
+            architecture(model)
+            return model
         _, meta, config = read_gguf(path)
         if tokenizer:
             check_gguf_tokenizer(meta)

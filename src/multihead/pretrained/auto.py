@@ -7,7 +7,10 @@ or a config.json model_type gpt2/llama/mistral/qwen2 is a causal LM (`load_causa
 BERT-family model_type an encoder with its tokenizer (`load_encoder`). Any other model_type goes
 to the bridge (`multihead.bridge.load_bridged`: transformers builds the model, multihead's
 attention runs inside it), which refuses architectures it cannot route by name: native first,
-bridge second, in this one resolver. The bridge (and transformers) is imported only then."""
+bridge second, in this one resolver. So does a GGUF file whose general.architecture no native
+family reads (`models.gguf.GGUF_ARCHITECTURES`): transformers reads it (its GGUF support) or it
+is refused by name, before any tensor is read. The bridge (and transformers) is imported only
+then."""
 
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ def load(
     # fast, and the same checks and messages as the command line's --model (any model_type:
     # what no native family reads goes to the bridge, which refuses by name what it cannot route)
     model = check_model(source, architecture=_native_or_bridged)
+    if model.gguf_architecture is not None:  # a GGUF no native family reads
+        return load_through_bridge(model.path, model.path, model.gguf_architecture, dtype, device)
     if model.is_gguf or model.model_type in CAUSAL_LM_FAMILIES:
         return load_causal_lm(model.path, dtype=dtype, device=device)
     if model.model_type in ENCODER_FAMILIES:
@@ -47,7 +52,11 @@ def load(
 
 def _native_or_bridged(model: ModelFiles) -> None:
     """Checked as soon as config.json is read, before the files: a model_type no native family
-    reads must be one the bridge can build (transformers is imported only then)."""
+    reads must be one the bridge can build (transformers is imported only then); so must a GGUF
+    file's general.architecture no native family reads (its header only)."""
+    if model.gguf_architecture is not None:
+        _bridge(model.path, model.gguf_architecture).bridged_gguf_class(model.path)
+        return
     if model.model_type in CAUSAL_LM_FAMILIES or model.model_type in ENCODER_FAMILIES:
         return
     _bridge(model.folder / "config.json", model.model_type).bridged_class(model.folder)
@@ -60,6 +69,15 @@ def _bridge(config_file: os.PathLike[str], model_type: object) -> Any:
     try:
         from .. import bridge
     except ImportError as e:  # transformers missing
+        if str(config_file).endswith(".gguf"):
+            from ..models.gguf import GGUF_ARCHITECTURES
+
+            raise ValueError(
+                f"{str(config_file)!r}: unsupported architecture {model_type!r} "
+                f"(general.architecture); multihead loads GGUF architectures "
+                f"{', '.join(map(repr, GGUF_ARCHITECTURES))} natively, and others through the "
+                f"bridge, which needs transformers ({e})"
+            ) from None
         raise ValueError(
             f"{str(config_file)!r}: unsupported architecture: model_type {model_type!r}; "
             f"multihead.load reads model_type {', '.join(map(repr, known))} natively, and "

@@ -1,0 +1,110 @@
+"""A GGUF file whose architecture no native family reads, but transformers' GGUF support does,
+loads through the bridge: a tiny random Starcoder2 with a byte-level BPE tokenizer trained here,
+saved by transformers and converted to GGUF (f32) by llama.cpp's own converter. The bridged
+model's logits equal transformers' eager run of the checkpoint directory, its hooks fire under
+the native names, and its tokenizer is transformers' reading of the GGUF's metadata. A GGUF
+architecture transformers cannot read is refused by name before any tensor is read; native
+GGUF architectures keep loading natively."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+import gguf
+import transformers
+
+from helpers_families import CHECK_TEXTS, bpe_tokenizer, convert, llama_cpp_dir
+from multihead import load
+from multihead.bridge import BridgedModel
+from multihead.interpret import run_with_cache
+
+T = 12
+
+
+@pytest.fixture(scope="module")
+def starcoder2(tmp_path_factory):
+    """(checkpoint directory, its eager transformers model, the converted f32 GGUF)."""
+    llama_cpp_dir()  # skips without llama.cpp's converter (fails under CI)
+    root = tmp_path_factory.mktemp("starcoder2")
+    folder = root / "hf"
+    folder.mkdir()
+    vocab = bpe_tokenizer(folder, "gpt2")
+    config = transformers.Starcoder2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        sliding_window=None, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Starcoder2ForCausalLM(config)
+    with torch.no_grad():  # norms and biases away from their initial 1 / 0
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    model.config._attn_implementation = "eager"
+    path = root / "starcoder2.f32.gguf"
+    job = {"model": str(folder), "outfile": str(path), "outtype": "f32", "pre": "starcoder"}
+    convert([job], root)
+    return folder, model.eval(), path
+
+
+def test_gguf_loads_through_the_bridge(starcoder2):
+    _, hf, path = starcoder2
+    model = load(path)
+    assert isinstance(model, BridgedModel)
+    assert type(model.hf).__name__ == "Starcoder2ForCausalLM"
+    ids = torch.randint(2, hf.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        logits = model(ids)
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+    _, cache = run_with_cache(model, ids)
+    names = {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_z", "blocks.1.hook_resid_post"}
+    assert names <= set(cache)
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert pattern.shape == (2, 4, T, T)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(2, 4, T))
+    with torch.no_grad():
+        eager = hf(ids, output_attentions=True).attentions[0]
+    torch.testing.assert_close(pattern, eager, atol=1e-5, rtol=0)
+
+
+def test_gguf_tokenizer_is_transformers_reading(starcoder2):
+    folder, _, path = starcoder2
+    model = load(path)
+    reference = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    original = transformers.AutoTokenizer.from_pretrained(folder)
+    for text in CHECK_TEXTS:
+        if not text:
+            continue
+        ids = model.to_tokens(text, prepend_bos=False)[0].tolist()
+        assert ids == reference(text, add_special_tokens=False)["input_ids"], text
+        assert ids == original(text, add_special_tokens=False)["input_ids"], text
+
+
+def _gguf(path, arch: str) -> None:
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_unreadable_gguf_architecture_is_refused_by_name(tmp_path, monkeypatch):
+    path = tmp_path / "nonesuch.gguf"
+    _gguf(path, "nonesuch")
+
+    def no_tensor_read(*args, **kwargs):
+        raise AssertionError("a tensor was read")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", no_tensor_read)
+    with pytest.raises(ValueError, match=r"unsupported architecture 'nonesuch'.*transformers"):
+        load(path)
