@@ -89,8 +89,15 @@ def test_gguf_tokenizer_is_transformers_reading(starcoder2):
 
 
 def _gguf(path, arch: str) -> None:
+    """A header transformers' GGUF reader can parse (one tiny tensor, never read)."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
+    writer.add_context_length(16)
+    writer.add_embedding_length(8)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_layer_norm_eps(1e-5)
+    writer.add_feed_forward_length(16)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -98,13 +105,24 @@ def _gguf(path, arch: str) -> None:
     writer.close()
 
 
+def _no_tensor_read(*args, **kwargs):
+    raise AssertionError("the model was built: its tensors were read")
+
+
 def test_unreadable_gguf_architecture_is_refused_by_name(tmp_path, monkeypatch):
     path = tmp_path / "nonesuch.gguf"
     _gguf(path, "nonesuch")
 
-    def no_tensor_read(*args, **kwargs):
-        raise AssertionError("a tensor was read")
-
-    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", no_tensor_read)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", _no_tensor_read)
     with pytest.raises(ValueError, match=r"unsupported architecture 'nonesuch'.*transformers"):
+        load(path)
+
+
+def test_gguf_outside_the_registry_is_refused_by_name(tmp_path, monkeypatch):
+    """Falcon: transformers reads its GGUF files, but its attention does not call the
+    registry."""
+    path = tmp_path / "falcon.gguf"
+    _gguf(path, "falcon")
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", _no_tensor_read)
+    with pytest.raises(ValueError, match=r"FalconForCausalLM \(model_type 'falcon'\).*registry"):
         load(path)

@@ -48,14 +48,14 @@ def bridged_class(folder: str | os.PathLike[str]) -> Any:
             f"{str(folder / 'config.json')!r}: unsupported architecture: it is neither a "
             f"native multihead family nor a model transformers can build ({e})"
         ) from None
-    return _checked_class(config, f"{str(folder / 'config.json')!r}")
+    return _checked_class(config, "")
 
 
 def _checked_class(config: Any, where: str) -> Any:
     cls = model_class(config)
     if not uses_registry(cls):
         raise BridgeError(
-            f"{where}: {cls.__name__} (model_type {config.model_type!r}) does not use "
+            f"{where}{cls.__name__} (model_type {config.model_type!r}) does not use "
             "transformers' attention registry (AttentionInterface), so multihead's attention "
             "cannot be put inside it"
         )
@@ -79,7 +79,7 @@ def bridged_gguf_class(path: str | os.PathLike[str]) -> Any:
             "neither a native multihead GGUF family nor one transformers' GGUF support reads "
             f"({' '.join(str(e).split())[:200]})"
         ) from None
-    return _checked_class(config, f"{str(path)!r}")
+    return _checked_class(config, f"{str(path)!r}: ")
 
 
 def _gguf_architecture(path: Path) -> object:
