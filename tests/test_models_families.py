@@ -130,8 +130,8 @@ def _gguf_reference(family, quantised: bool = False):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_f32_and_q8_0(family):
     ids, want = _gguf_reference(family)
-    f32 = load_gguf_causal_lm(FIXTURES / family / "f32.gguf", tokenizer=False)
-    q8 = load_gguf_causal_lm(FIXTURES / family / "q8_0.gguf", tokenizer=False)
+    f32 = load_gguf_causal_lm(FIXTURES / family / "f32.gguf")
+    q8 = load_gguf_causal_lm(FIXTURES / family / "q8_0.gguf")
     with torch.no_grad():
         torch.testing.assert_close(f32(ids), want, atol=ATOL, rtol=0)
         got = q8(ids)
@@ -158,6 +158,32 @@ def test_gguf_bpe_tokenizer_matches_the_directory(family):
     text = "The lazy fox reads keys:  values\n\n(0 1 2) attention!"
     assert model.tokenizer is not None
     assert model.to_tokens(text, prepend_bos=False)[0].tolist() == reference(text)["input_ids"]
+
+
+GEMMA_TEXTS = [
+    "The lazy fox",
+    " leading space",
+    "  two leading and trailing  ",
+    "a  b   c\n\n d",  # whitespace runs; "\n" is outside this vocabulary: <unk>
+    "h\u00e9llo w\u00f6rld \u65e5\u672c \U0001f642",  # unknown characters, fused runs of them
+    "<bos>x<eos><start_of_turn>",  # control tokens whole, an unknown name in pieces
+]
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3"])
+def test_gguf_sentencepiece_tokenizer_matches_the_directory(family):
+    """Gemma's SentencePiece vocabulary in GGUF (no dummy prefix, no byte pieces, no
+    unknown_token_id key): the same ids as transformers' tokenizer of the source directory."""
+    from transformers import AutoTokenizer
+
+    model = multihead.load(str(FIXTURES / family / "f32.gguf"))
+    reference = AutoTokenizer.from_pretrained(FIXTURES / family / "hf")
+    assert model.tokenizer is not None
+    for text in GEMMA_TEXTS:
+        assert model.to_tokens(text)[0].tolist() == reference(text)["input_ids"], text
+        bare = reference(text, add_special_tokens=False)["input_ids"]
+        assert model.to_tokens(text, prepend_bos=False)[0].tolist() == bare, text
+    assert reference.unk_token_id in model.to_tokens(GEMMA_TEXTS[4])[0].tolist()
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -213,7 +239,7 @@ def test_gguf_metadata_contradicting_its_tensors_is_refused(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ValueError) as e:
-        load_gguf_causal_lm(path, tokenizer=False)
+        load_gguf_causal_lm(path)
     message = str(e.value)
     assert message.startswith(f"{str(path)!r}: GGUF metadata contradicts tensor blk.0.attn_k")
     assert "gemma2.attention.head_count_kv = 4" in message and "expect shape (32, 32)" in message

@@ -11,7 +11,9 @@ builds them from a tokenizer.model:
   before text that starts with a space, and after a special token. (transformers 5 builds its
   LlamaTokenizer from a tokenizer.model with a Metaspace pre-tokenizer that skips the prefix
   when the text starts with a space: those inputs differ there, by one "▁".)
-- byte fallback: a character outside the vocabulary becomes its UTF-8 bytes' <0xNN> pieces;
+- byte fallback: a character outside the vocabulary becomes its UTF-8 bytes' <0xNN> pieces,
+  or, where the vocabulary has none, the unknown piece (tokenizer.ggml.unknown_token_id, else
+  the one piece of token_type 2), consecutive unknowns fused into one as SentencePiece does;
 - control tokens (token_type 3) are special added tokens, user-defined ones (4) added tokens,
   so both stay whole.
 """
@@ -57,6 +59,9 @@ def spm_tokenizer(meta: Metadata, tokens: list[str]) -> Tokenizer:
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)
     unknown = meta.values.get("tokenizer.ggml.unknown_token_id")
+    if not isinstance(unknown, int):  # (Gemma GGUFs name none: SentencePiece's unk piece)
+        marked = [i for i, kind in enumerate(types) if kind == _UNKNOWN]
+        unknown = marked[0] if len(marked) == 1 else None
     unk = tokens[unknown] if isinstance(unknown, int) and 0 <= unknown < n else None
     bpe = models.BPE(
         vocab,
