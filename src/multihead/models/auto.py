@@ -24,14 +24,19 @@ def load(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    quantized: bool = True,
 ) -> nn.Module:
     """A `CausalLM` (GGUF files; model_type gpt2, llama, mistral, qwen2) or a
     `SentenceEncoder` (bert, distilbert, mpnet, roberta, xlm-roberta), in eval mode, from
     `source` (None: the packaged all-MiniLM-L6-v2). `dtype`: None keeps the checkpoint's
-    (float32 for quantised GGUF weights); `device`: where the weights go."""
+    (float32 activations for quantised GGUF weights); `device`: where the weights go.
+    `quantized` (GGUF files only; default True): a quantized file's matrices stay packed as
+    stored (Q4_0/Q4_1/Q4_K as 4-bit groups, Q8_0 as int8, other types as the file's blocks,
+    dequantised a tile at a time) and `.weight` dequantises on access; False dequantises the
+    whole model at load, as 0.3 did."""
     resolved = resolve_model(source)
     if resolved.is_gguf:
-        return load_causal_lm(resolved.path, dtype=dtype, device=device)
+        return load_causal_lm(resolved.path, dtype=dtype, device=device, quantized=quantized)
     config_file = transformer_folder(resolved.path) / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"model directory {str(resolved.path)!r} lacks config.json")

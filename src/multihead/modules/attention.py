@@ -37,6 +37,7 @@ from .attention_packed import forward_packed, refuse_with_lengths
 from .attention_positions import position_bias, rotate_by_position
 from .blocked_projection import blocked_projection, blocked_projection_serves
 from .cache import CrossKVCache, KeySet, KVCache, checkpoints, roll_back
+from .quantized.linear import weight_like
 from .projections import (
     PackedWeights,
     heads_first,
@@ -79,8 +80,7 @@ def _structure(window, documents, prefix, mask_mod, block_size) -> dict:
 
 def _weight(layer) -> Tensor:
     """A projection's weight (its dtype and device stand for the module's)."""
-    weight = layer._parameters.get("weight")
-    return layer.weight if weight is None else weight
+    return weight_like(layer)
 
 
 class MultiHeadAttention(AttentionWeights, nn.Module):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..functional import masks
 from ..hook_points import hooks_for, observed
@@ -94,6 +94,8 @@ def head_copy_for(model: CausalLM, rows: int, steps: int) -> Tensor | None:
     head 6.1 ms vs 10.7 per step), made for this call only so the model is not touched.
     (None elsewhere also keeps the parameter a static input of a CUDA graph: an argument
     tensor would be copied into the graph at every replay.)"""
+    if not isinstance(model.head, nn.Linear):  # a packed head reads its own storage
+        return None
     w = model.head.weight
     if (
         w.device.type == "cpu"
@@ -110,11 +112,12 @@ def _logits(model: CausalLM, h: Tensor, head: Tensor | None) -> Tensor:
     """Hidden states (B, T, C) -> the last position's logits (B, V). Under hooks, every
     position's logits pass `hook_logits` first, as in `CausalLM.forward`, so a cache around
     `generate` holds them by position like the other hook points."""
-    weight = model.head.weight if head is None else head
     hooks = hooks_for(model)
-    if hooks is None:
-        return head_logits(h[:, -1], weight, model.head.bias)
-    return hooks("hook_logits", head_logits(h, weight, model.head.bias))[:, -1]
+    if head is None:
+        logits = model.logits(h[:, -1] if hooks is None else h)
+    else:
+        logits = head_logits(h[:, -1] if hooks is None else h, head, model.head.bias)
+    return logits if hooks is None else hooks("hook_logits", logits)[:, -1]
 
 
 def _prefill(

@@ -25,6 +25,7 @@ from .cache import KVCache, checkpoints, roll_back
 from .generation import head_logits
 from .init import init_weights
 from .norm import make_norm
+from .quantized.linear import weight_like
 from .static_cache import StaticKVCache
 from .text import TextMethods, caches_as, is_text
 from .weights import ModelWeights
@@ -168,6 +169,8 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
 
     def logits(self, h: Tensor) -> Tensor:
         """(..., C) -> (..., V) through the output head, in whichever layout it has."""
+        if not isinstance(self.head, nn.Linear):  # a packed (quantized) head: its own product
+            return self.head(h)
         return head_logits(h, self.head.weight, self.head.bias)
 
     def attention(self, layer: int) -> MultiHeadAttention:
@@ -182,7 +185,7 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         reallocation while decoding); `static=True` gives StaticKVCaches (fixed shapes, for
         compiled decoding; needs `max_length`). The caches hold the dtype the keys will have:
         the weights', or the autocast dtype when autocast is on for the weights' device."""
-        p = self.tok.weight
+        p = weight_like(self.tok)
         a = self.attention(0)
         dtype = p.dtype
         if torch.is_autocast_enabled(p.device.type) and p.dtype.is_floating_point:
@@ -392,4 +395,4 @@ class CausalLM(ModelWeights, nn.Module, TextMethods):
         return self.config.max_positions if self.config.positions_bounded() else None
 
     def _text_device(self) -> torch.device:
-        return self.tok.weight.device
+        return weight_like(self.tok).device
