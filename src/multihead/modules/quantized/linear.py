@@ -174,3 +174,43 @@ def weight_like(layer: nn.Module) -> Tensor:
 
 def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, PackedRows) for m in model.modules())
+
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+
+
+def unpack_(module: nn.Module) -> nn.Module:
+    """Turn a QuantizedLinear (QuantizedEmbedding) into an nn.Linear (nn.Embedding) holding the
+    dequantised weight, in place (the same object, its hooks kept), for code that writes the
+    weight (`process_weights_`); other modules are returned as they are."""
+    if not isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+        return module
+    weight = nn.Parameter(module.weight, requires_grad=False)
+    if isinstance(module, QuantizedLinear):
+        new: nn.Module = nn.Linear(
+            module.in_features, module.out_features, bias=module.bias is not None, device="meta"
+        )
+        new.bias = module.bias
+    else:
+        new = nn.Embedding(module.num_embeddings, module.embedding_dim, device="meta")
+    new.weight = weight
+    hooks = {name: getattr(module, name) for name in _HOOK_DICTS if hasattr(module, name)}
+    module.__dict__.clear()
+    module.__dict__.update(new.__dict__)
+    module.__dict__.update(hooks)
+    module.__class__ = type(new)
+    return module
+
+
+def shares_packed(a: nn.Module, b: nn.Module) -> bool:
+    """Whether two modules read one packed matrix (a tied embedding and head)."""
+    p = getattr(a, "packed", None)
+    return isinstance(p, PackedRows) and p is getattr(b, "packed", None)
