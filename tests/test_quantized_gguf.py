@@ -324,3 +324,17 @@ def test_smollm2_packed_load_peak_memory(smollm2_gguf_path):
         )  # fmt: skip
         growth[quantized] = json.loads(done.stdout.strip().splitlines()[-1])["growth"]
     assert growth["1"] <= 0.4 * growth["0"], growth
+
+
+@pytest.mark.parametrize("rows", [1, 12])  # the kernel's path and the dequantise + GEMM one
+def test_input_gradient_through_packed_matrix(rows):
+    g = torch.Generator().manual_seed(3)
+    N, K = 24, 64
+    qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+    scale, zero = torch.rand(N, K // 32, generator=g), torch.randn(N, K // 32, generator=g)
+    layer = QuantizedLinear(PackedRows("int4", (N, K), qs, scale, zero))
+    x = torch.randn(rows, K, dtype=torch.float64, generator=g).float().requires_grad_()
+    layer(x).pow(2).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    (x64 @ layer.weight.double().t()).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)

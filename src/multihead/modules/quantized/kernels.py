@@ -106,6 +106,34 @@ void mh_int4_mm(const float *x, const float *xs, const uint8_t *qs, const float 
     }
 }
 
+/* w (N, K) float32 = the int4 form's rows, dequantised */
+void mh_int4_rows(const uint8_t *qs, const float *scale, const float *zero, float *w,
+                  long N, long K, int threads) {
+    const long G = K / 32;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long n = 0; n < N; n++)
+        for (long g = 0; g < G; g++) {
+            const uint8_t *b = qs + n * (K / 2) + g * 16;
+            const float s = scale[n * G + g], z = zero[n * G + g];
+            float *out = w + n * K + g * 32;
+            for (int j = 0; j < 16; j++) {
+                out[j] = (float)(b[j] & 15) * s + z;
+                out[j + 16] = (float)(b[j] >> 4) * s + z;
+            }
+        }
+}
+
+/* w (N, K) float32 = the int8 form's rows, dequantised */
+void mh_int8_rows(const int8_t *qs, const float *scale, float *w, long N, long K, int threads) {
+    const long G = K / 32;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long n = 0; n < N; n++)
+        for (long g = 0; g < G; g++) {
+            const float s = scale[n * G + g];
+            for (int j = 0; j < 32; j++) w[n * K + g * 32 + j] = (float)qs[n * K + g * 32 + j] * s;
+        }
+}
+
 /* y (M, N) = x (M, K) @ w^T, w int8 with a scale per group of 32 (Q8_0); M <= MH_MAX_ROWS */
 void mh_int8_mm(const float *x, const int8_t *qs, const float *scale, float *y,
                 long M, long N, long K, int threads) {
@@ -192,6 +220,8 @@ def _library() -> ctypes.CDLL | None:
     f, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.mh_int4_mm.argtypes = [f, f, f, f, f, f, i64, i64, i64, i32]
     lib.mh_int8_mm.argtypes = [f, f, f, f, i64, i64, i64, i32]
+    lib.mh_int4_rows.argtypes = [f, f, f, f, i64, i64, i32]
+    lib.mh_int8_rows.argtypes = [f, f, f, i64, i64, i32]
     return lib
 
 
@@ -205,6 +235,15 @@ def kernels_available() -> bool:
 def dequantize_int4(qs: Tensor, scale: Tensor, zero: Tensor, dtype=torch.float32) -> Tensor:
     """(n, K/2) uint8 + (n, K/32) scale, zero -> (n, K) in `dtype` (computed in float32)."""
     n, G = scale.shape
+    if _rows_ok(qs, scale, zero):
+        w = torch.empty(n, G * GROUP)
+        lib = _library()
+        assert lib is not None
+        lib.mh_int4_rows(
+            qs.data_ptr(), scale.data_ptr(), zero.data_ptr(), w.data_ptr(), n, G * GROUP,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return w.to(dtype)
     b = qs.view(n, G, 16)  # (n, K/2) -> (n, G, 16)
     q = torch.cat((b & 15, b >> 4), dim=-1)  # (n, G, 32): low nibbles first, as stored
     w = torch.addcmul(zero.float()[..., None], q.float(), scale.float()[..., None])
@@ -214,8 +253,25 @@ def dequantize_int4(qs: Tensor, scale: Tensor, zero: Tensor, dtype=torch.float32
 def dequantize_int8(qs: Tensor, scale: Tensor, dtype=torch.float32) -> Tensor:
     """(n, K) int8 + (n, K/32) scale -> (n, K) in `dtype` (computed in float32)."""
     n, G = scale.shape
+    if _rows_ok(qs, scale):
+        w = torch.empty(n, G * GROUP)
+        lib = _library()
+        assert lib is not None
+        lib.mh_int8_rows(
+            qs.data_ptr(), scale.data_ptr(), w.data_ptr(), n, G * GROUP, torch.get_num_threads()
+        )
+        return w.to(dtype)
     w = qs.view(n, G, GROUP).float() * scale.float()[..., None]  # (n, G, 32)
     return w.view(n, G * GROUP).to(dtype)
+
+
+def _rows_ok(qs: Tensor, *scales: Tensor) -> bool:
+    return (
+        qs.device.type == "cpu"
+        and qs.is_contiguous()
+        and all(s.dtype == torch.float32 and s.is_contiguous() for s in scales)
+        and _library() is not None
+    )
 
 
 # -- products -------------------------------------------------------------------------------
@@ -272,8 +328,14 @@ def _tiled(x: Tensor, N: int, rows) -> Tensor:
     step = max(1, _TILE_ELEMENTS // max(1, K))
     if step >= N:
         return x @ rows(0, N).t()
-    y = torch.empty(x.shape[0], N, dtype=x.dtype, device=x.device)
+    return torch.cat([x @ rows(a, min(N, a + step)).t() for a in range(0, N, step)], dim=1)
+
+
+def tiled_transposed(g: Tensor, N: int, K: int, rows) -> Tensor:
+    """g (M, N) @ w -> (M, K), w dequantised a tile of rows at a time (the input gradient)."""
+    step = max(1, _TILE_ELEMENTS // max(1, K))
+    out = g.new_zeros(g.shape[0], K)
     for a in range(0, N, step):
         b = min(N, a + step)
-        torch.mm(x, rows(a, b).t(), out=y[:, a:b])
-    return y
+        out += g[:, a:b] @ rows(a, b)
+    return out

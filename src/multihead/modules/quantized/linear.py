@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import _tiled, dequantize_int4, dequantize_int8, int4_mm, int8_mm
+from .kernels import _tiled, dequantize_int4, dequantize_int8, int4_mm, int8_mm, tiled_transposed
 
 RowDequantizer = Callable[[Tensor], Tensor]  # (n, row bytes) uint8 -> (n, K) float32
 FORMS = ("int4", "int8", "blocks")
@@ -88,7 +88,13 @@ class PackedRows(nn.Module):
         return w.view(*index.shape, self.shape[1])
 
     def matmul(self, x: Tensor) -> Tensor:
-        """x (M, K) in the compute dtype -> (M, N)."""
+        """x (M, K) in the compute dtype -> (M, N); differentiable in x (the weight is not a
+        parameter: it has no gradient)."""
+        if x.requires_grad and torch.is_grad_enabled():
+            return _PackedMatmul.apply(x, self)
+        return self._matmul(x)
+
+    def _matmul(self, x: Tensor) -> Tensor:
         if x.device.type != "cpu" or self.form == "blocks":
             # CUDA (and the file's own blocks): dequantise a tile of rows, multiply, repeat
             return _tiled(x, self.shape[0], self.rows)
@@ -103,6 +109,21 @@ class PackedRows(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.qtype or self.form}, shape={self.shape}"
+
+
+class _PackedMatmul(torch.autograd.Function):
+    """The packed product with the input's gradient, g @ W, read a tile of rows at a time."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, packed: PackedRows) -> Tensor:  # type: ignore[override]
+        ctx.packed = packed
+        return packed._matmul(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        packed = ctx.packed
+        N, K = packed.shape
+        return tiled_transposed(g.contiguous(), N, K, packed.rows).to(g.dtype), None
 
 
 class QuantizedLinear(nn.Module):
