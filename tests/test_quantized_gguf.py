@@ -13,6 +13,8 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
+
+import multihead
 from helpers_gguf import (
     HEADS,
     KV_HEADS,
@@ -23,13 +25,10 @@ from helpers_gguf import (
     hf_model,
     write_gguf,
 )
-
-import multihead
 from multihead.models.gguf import GGUFError, GGUFFile
 from multihead.models.gguf.mapped import file_stamp, mapped_bytes
 from multihead.models.gguf.quantized import _CONVERT
-from multihead.modules.quantized import PackedRows, QuantizedEmbedding, QuantizedLinear
-from multihead.modules.quantized import kernels
+from multihead.modules.quantized import PackedRows, QuantizedEmbedding, QuantizedLinear, kernels
 
 # byte offsets of the float16 scales (d, dmin) in each K-quant block (ggml-common.h)
 K_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
@@ -188,7 +187,8 @@ def test_type_without_dequantiser_is_refused_by_name(tmp_path):
     for name, value in tensors.items():
         if name == "blk.0.ffn_gate.weight":
             rows, cols = value.shape
-            raw = np.zeros((rows, cols // 32 * 36), dtype=np.uint8)
+            block, size = GGML_QUANT_SIZES[Q.Q8_1]
+            raw = np.zeros((rows, cols // block * size), dtype=np.uint8)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=Q.Q8_1)
         elif value.ndim == 2:
             w.add_tensor(name, gguf.quants.quantize(value, Q.Q4_0), raw_dtype=Q.Q4_0)
@@ -212,9 +212,9 @@ def test_file_changed_under_the_map_is_refused(tmp_path):
         assert raw.nbytes == tensor.nbytes
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten in place
-    with pytest.raises(GGUFError, match=r"changed while loading.*blk\.0\.attn_q\.weight.*Q4_1"):
-        with mapped_bytes(file, tensor, stamp):
-            pass
+    changed = r"changed while loading.*blk\.0\.attn_q\.weight.*Q4_1"
+    with pytest.raises(GGUFError, match=changed), mapped_bytes(file, tensor, stamp):
+        pass
 
 
 # -- the real file --------------------------------------------------------------------------
@@ -229,14 +229,15 @@ def test_smollm2_is_packed_and_small(smollm2):
     assert isinstance(smollm2.head, QuantizedLinear) and smollm2.head.packed is smollm2.tok.packed
     assert smollm2.tok.packed.qtype == "Q8_0"
     assert smollm2.layers[0].ffn.down.packed.qtype == "Q4_1"
-    stored = sum(b.nbytes for b in smollm2.buffers()) + sum(
-        p.nbytes for p in smollm2.parameters()
+    stored = sum(b.nbytes for b in smollm2.buffers()) + sum(p.nbytes for p in smollm2.parameters())
+    dequantised = (
+        sum(
+            m.packed.shape[0] * m.packed.shape[1] * 4
+            for m in smollm2.modules()
+            if isinstance(m, (QuantizedLinear,)) and m is not smollm2.head
+        )
+        + smollm2.tok.packed.shape[0] * smollm2.tok.packed.shape[1] * 4
     )
-    dequantised = sum(
-        m.packed.shape[0] * m.packed.shape[1] * 4
-        for m in smollm2.modules()
-        if isinstance(m, (QuantizedLinear,)) and m is not smollm2.head
-    ) + smollm2.tok.packed.shape[0] * smollm2.tok.packed.shape[1] * 4
     assert stored < 0.25 * dequantised
 
 
@@ -246,10 +247,11 @@ def test_smollm2_logits_tokens_and_hooks_equal_dequantised(smollm2, smollm2_plai
         torch.testing.assert_close(smollm2(ids), smollm2_plain(ids), rtol=0, atol=2e-3)
     greedy = smollm2.generate(ids, 8)
     assert torch.equal(greedy, smollm2_plain.generate(ids, 8))
-    logits, cache = smollm2.run_with_cache(ids)
-    logits_p, cache_p = smollm2_plain.run_with_cache(ids)
-    assert list(cache.keys()) == list(cache_p.keys())
-    for name in cache_p.keys():
+    _, cache = smollm2.run_with_cache(ids)
+    _, cache_p = smollm2_plain.run_with_cache(ids)
+    names = list(cache_p.keys())
+    assert list(cache.keys()) == names
+    for name in names:
         a, b = cache[name], cache_p[name]
         scale = b.abs().max().clamp_min(1.0)
         assert (a - b).abs().max() <= 1e-4 * scale, name

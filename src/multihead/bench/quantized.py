@@ -110,7 +110,7 @@ def decode(
         table.append([
             engine,
             f"{statistics.median(tps):.1f}",
-            f"{statistics.median(t / b['decode_tps'] for t, b in zip(tps, base, strict=True)):.2f}x",
+            f"{statistics.median(t / b['decode_tps'] for t, b in zip(tps, base, strict=True)):.2f}x",  # noqa: E501
             f"{statistics.median(pre) * 1e3:.0f}",
             f"{statistics.median(p / b['prefill_s'] for p, b in zip(pre, base, strict=True)):.2f}x",
             "same" if rows[engine][0]["tokens"] == base[0]["tokens"] else "differ",
@@ -143,7 +143,8 @@ def rss():
 before = rss()
 t = time.perf_counter(); model = multihead.load(path); load_s = time.perf_counter() - t
 after_load = rss()
-ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=g)
 t = time.perf_counter()
 logits, cache = model.run_with_cache(ids)
 run_s = time.perf_counter() - t

@@ -32,7 +32,8 @@ def load_causal_lm(
     the checkpoint's (bfloat16 weights stay bfloat16; activations of quantised GGUF weights are
     float32); `quantized` (GGUF files; default True): quantized matrices stay packed as the file
     stores them, multiplied as stored (`multihead.modules.quantized`, about 1/7 of the float32
-    memory for 4-bit files); False dequantises them, tensor by tensor, to `dtype`; `device`: where the weights are read to (default CPU). Every
+    memory for 4-bit files); False dequantises them, tensor by tensor, to `dtype`; `device`:
+    where the weights are read to (default CPU). Every
     config field that changes the computation is implemented or refused by name. The model
     carries its tokenizer as `model.tokenizer` (the directory's tokenizer.json, or the one a
     GGUF file's metadata describes; None when there is none).

@@ -37,7 +37,6 @@ from .attention_packed import forward_packed, refuse_with_lengths
 from .attention_positions import position_bias, rotate_by_position
 from .blocked_projection import blocked_projection, blocked_projection_serves
 from .cache import CrossKVCache, KeySet, KVCache, checkpoints, roll_back
-from .quantized.linear import weight_like
 from .projections import (
     PackedWeights,
     heads_first,
@@ -48,6 +47,7 @@ from .projections import (
     project_packed,
     split_fused,
 )
+from .quantized.linear import weight_like
 from .static_cache import StaticKVCache
 from .weights import AttentionWeights
 

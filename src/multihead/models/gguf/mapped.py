@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import mmap
 import os
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 import numpy as np
 
@@ -29,7 +29,9 @@ def file_stamp(path: os.PathLike | str) -> tuple[int, int]:
 
 
 @contextmanager
-def mapped_bytes(file: GGUFFile, tensor: GGUFTensor, stamp: tuple[int, int]) -> Iterator[np.ndarray]:
+def mapped_bytes(
+    file: GGUFFile, tensor: GGUFTensor, stamp: tuple[int, int]
+) -> Iterator[np.ndarray]:
     """The tensor's bytes as a read-only uint8 array over a map of its range (valid inside the
     `with` only)."""
     try:
@@ -53,7 +55,5 @@ def mapped_bytes(file: GGUFFile, tensor: GGUFTensor, stamp: tuple[int, int]) -> 
         yield view
     finally:
         del view
-        try:
+        with suppress(BufferError):  # a caller's view still holds it: unmapped when that goes
             m.close()
-        except BufferError:  # a caller's view still holds it: unmapped when that one goes
-            pass

@@ -148,8 +148,10 @@ void mh_int8_mm(const float *x, const int8_t *qs, const float *scale, float *y,
         for (long g = 0; g < G; g++) {
             const int8_t *b = qn + g * 32;
             __m256 w[4];
-            for (int i = 0; i < 4; i++)
-                w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * i))));
+            for (int i = 0; i < 4; i++) {
+                __m128i eight = _mm_loadl_epi64((const __m128i *)(b + 8 * i));
+                w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+            }
             __m256 sg = _mm256_set1_ps(s[g]);
             for (long m = 0; m < M; m++) {
                 const float *xg = x + m * K + g * 32;
