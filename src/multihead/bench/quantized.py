@@ -196,7 +196,8 @@ def write_random_q4_0(path: Path, shape: dict, seed: int = 0) -> int:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    fout = w.fout[0]  # type: ignore[index]  (the data, streamed in the infos' order)
+    assert w.fout is not None
+    fout = w.fout[0]  # (the data, streamed in the infos' order)
     scale = np.frombuffer(np.float16(0.02).tobytes(), np.uint8)
     for rows, cols in matrices.values():
         w.write_padding(fout, fout.tell())

@@ -113,10 +113,12 @@ def _logits(model: CausalLM, h: Tensor, head: Tensor | None) -> Tensor:
     position's logits pass `hook_logits` first, as in `CausalLM.forward`, so a cache around
     `generate` holds them by position like the other hook points."""
     hooks = hooks_for(model)
-    if head is None:
-        logits = model.logits(h[:, -1] if hooks is None else h)
+    rows = h[:, -1] if hooks is None else h
+    if head is None and not isinstance(model.head, nn.Linear):  # packed: its own product
+        logits = model.head(rows)
     else:
-        logits = head_logits(h[:, -1] if hooks is None else h, head, model.head.bias)
+        weight = model.head.weight if head is None else head
+        logits = head_logits(rows, weight, model.head.bias)
     return logits if hooks is None else hooks("hook_logits", logits)[:, -1]
 
 

@@ -18,6 +18,7 @@ compute in float32 and cast back.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,11 @@ FORMS = ("int4", "int8", "blocks")
 
 class PackedRows(nn.Module):
     """The packed matrix itself (buffers), shared by a tied embedding and LM head."""
+
+    qs: Tensor
+    scale: Tensor | None
+    zero: Tensor | None
+    like: Tensor
 
     def __init__(
         self,
@@ -115,12 +121,12 @@ class _PackedMatmul(torch.autograd.Function):
     """The packed product with the input's gradient, g @ W, read a tile of rows at a time."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, packed: PackedRows) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, packed: PackedRows) -> Tensor:
         ctx.packed = packed
         return packed._matmul(x)
 
     @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[override]
+    def backward(ctx, g: Tensor):
         packed = ctx.packed
         N, K = packed.shape
         return tiled_transposed(g.contiguous(), N, K, packed.rows).to(g.dtype), None
@@ -143,7 +149,9 @@ class QuantizedLinear(nn.Module):
     @property
     def weight_like(self) -> Tensor:
         """An empty tensor of the compute dtype and device (what callers ask a weight for)."""
-        return self.packed.like
+        like = self.packed.like
+        assert isinstance(like, Tensor)
+        return like
 
     def forward(self, x: Tensor) -> Tensor:
         # (..., K) -> (M, K) -> (M, N) -> (..., N)
@@ -174,7 +182,9 @@ class QuantizedEmbedding(nn.Module):
 
     @property
     def weight_like(self) -> Tensor:
-        return self.packed.like
+        like = self.packed.like
+        assert isinstance(like, Tensor)
+        return like
 
     def forward(self, ids: Tensor) -> Tensor:
         if ids.dtype not in (torch.int32, torch.int64):
@@ -208,7 +218,7 @@ _HOOK_DICTS = (
 )
 
 
-def unpack_(module: nn.Module) -> nn.Module:
+def unpack_(module: nn.Module) -> Any:
     """Turn a QuantizedLinear (QuantizedEmbedding) into an nn.Linear (nn.Embedding) holding the
     dequantised weight, in place (the same object, its hooks kept), for code that writes the
     weight (`process_weights_`); other modules are returned as they are."""
@@ -219,7 +229,7 @@ def unpack_(module: nn.Module) -> nn.Module:
         new: nn.Module = nn.Linear(
             module.in_features, module.out_features, bias=module.bias is not None, device="meta"
         )
-        new.bias = module.bias
+        new.bias = module.bias  # type: ignore[assignment]
     else:
         new = nn.Embedding(module.num_embeddings, module.embedding_dim, device="meta")
     new.weight = weight
@@ -227,7 +237,7 @@ def unpack_(module: nn.Module) -> nn.Module:
     module.__dict__.clear()
     module.__dict__.update(new.__dict__)
     module.__dict__.update(hooks)
-    module.__class__ = type(new)
+    module.__class__ = type(new)  # type: ignore[assignment]
     return module
 
 
