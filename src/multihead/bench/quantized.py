@@ -140,6 +140,9 @@ import multihead
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**30
+def peak_gib():  # VmHWM: ru_maxrss keeps a forking parent's peak across exec
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 2**20
 before = rss()
 t = time.perf_counter(); model = multihead.load(path); load_s = time.perf_counter() - t
 after_load = rss()
@@ -150,7 +153,7 @@ logits, cache = model.run_with_cache(ids)
 run_s = time.perf_counter() - t
 finite = bool(torch.isfinite(logits).all())
 print(json.dumps(dict(load_s=load_s, run_s=run_s, before=before, after_load=after_load,
-                      peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                      peak=peak_gib(),
                       hooks=len(cache.keys()), finite=finite)))
 """
 
