@@ -288,7 +288,7 @@ def test_packed_rows_refuses_unknown_form():
 def test_smollm2_quantized_on_cuda(smollm2_gguf_path, smollm2_plain):
     model = multihead.load(smollm2_gguf_path, device="cuda")
     assert model.layers[0].attn.in_proj.packed.qs.device.type == "cuda"
-    ids = model.to_tokens("The capital of France is")
+    ids = model.to_tokens("The capital of France is").cpu()
     with torch.no_grad():
         logits = model(ids.cuda()).cpu()
         torch.testing.assert_close(logits, smollm2_plain(ids), rtol=0, atol=2e-3)
