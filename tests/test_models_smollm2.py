@@ -38,17 +38,16 @@ def test_shape_and_metadata(smollm2):
 
 def test_weights_equal_transformers_dequantisation(smollm2, reference):
     theirs = reference[0].state_dict()
-    ours = smollm2.state_dict()
-    assert torch.equal(ours["tok.weight"], theirs["model.embed_tokens.weight"])  # Q8_0
+    # (the default load keeps the matrices packed: `.weight` is their dequantised view)
+    assert torch.equal(smollm2.tok.weight, theirs["model.embed_tokens.weight"])  # Q8_0
     for i in (0, 17, 29):
-        q, k, v = ours[f"layers.{i}.attn.in_proj.weight"].split([576, 192, 192])
+        layer = smollm2.layers[i]
+        q, k, v = layer.attn.in_proj.weight.split([576, 192, 192])
         attn = f"model.layers.{i}.self_attn"
         assert torch.equal(q, theirs[f"{attn}.q_proj.weight"])  # Q4_1, rotary rows unpermuted
         assert torch.equal(k, theirs[f"{attn}.k_proj.weight"])
         assert torch.equal(v, theirs[f"{attn}.v_proj.weight"])
-        assert torch.equal(
-            ours[f"layers.{i}.ffn.down.weight"], theirs[f"model.layers.{i}.mlp.down_proj.weight"]
-        )
+        assert torch.equal(layer.ffn.down.weight, theirs[f"model.layers.{i}.mlp.down_proj.weight"])
 
 
 def test_logits_equal_transformers(smollm2, reference):

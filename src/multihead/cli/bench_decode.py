@@ -51,6 +51,29 @@ def add_arguments(parser) -> None:
         default=None,
         help="compile Hugging Face's static-cache generate (default: on CUDA, as generate does)",
     )
+    parser.add_argument(
+        "--gguf",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="instead: a quantized GGUF file (default SmolLM2-135M Q4_1) decoded packed vs "
+        "dequantised float32, one process per engine (see --threads, --peer, --rounds)",
+    )
+    parser.add_argument(
+        "--peer",
+        choices=("llama.cpp",),
+        help="with --gguf: also llama-cpp-python on the same file (build it yourself: pip install "
+        "llama-cpp-python; never installed by multihead)",
+    )
+    parser.add_argument(
+        "--peer-python",
+        default=None,
+        help="the Python that imports llama_cpp (default: this one)",
+    )
+    parser.add_argument("--rounds", type=positive_int, default=3, help="with --gguf (default 3)")
+    parser.add_argument(
+        "--prefill", type=positive_int, default=512, help="with --gguf: prefill tokens (512)"
+    )
     add_device(parser)
     add_common(parser)
 
@@ -73,7 +96,35 @@ def _check_model_dir(name: str, total: int) -> None:
         )
 
 
+def _run_gguf(args) -> int:
+    from ..bench import quantized
+    from .bench_load import _default_model
+
+    name = args.gguf or _default_model()
+    model = check_model(name, tokenizer=False)
+    if model.path.is_dir():
+        raise UsageError(f"--gguf {name!r}: give a .gguf file")
+    try:
+        print(
+            quantized.decode(
+                model.path,
+                threads=args.threads or 2,
+                prompt=args.prompt,
+                new=args.new,
+                prefill=args.prefill,
+                rounds=args.rounds,
+                peer=args.peer,
+                python=args.peer_python,
+            )
+        )
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
 def run(args) -> int:
+    if args.gguf is not None or args.peer is not None:
+        return _run_gguf(args)
     require("transformers", NAME, "Hugging Face transformers")
     check_device(args)
     if args.new < 2:

@@ -30,6 +30,12 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="measure multihead only (transformers takes 1-2 min a load here)",
     )
+    parser.add_argument(
+        "--shape",
+        choices=("llama3-8b",),
+        help="instead: write a random Q4_0 GGUF of this shape (~4.5 GB, to a temporary folder, "
+        "deleted after), load it packed and run run_with_cache on 128 tokens; reports peak RSS",
+    )
 
 
 def _default_model() -> str:
@@ -46,6 +52,14 @@ def _default_model() -> str:
 
 
 def run(args) -> int:
+    if args.shape is not None:
+        from ..bench import quantized
+
+        try:
+            print(quantized.load_shape(args.shape))
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+        return 0
     if not args.skip_peer:
         require("transformers", NAME, "transformers' GGUF loading")
         require("accelerate", NAME, "transformers' GGUF loading (it needs accelerate)")

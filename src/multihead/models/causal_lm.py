@@ -22,14 +22,18 @@ def load_causal_lm(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    quantized: bool = True,
 ) -> CausalLM:
     """A decoder, in eval mode, from what `path` names (`multihead.models.source`): a
     directory in the Hugging Face layout (config.json and model.safetensors, its shard index,
     or pytorch_model.bin), a .gguf file, or a Hub id in the local Hugging Face cache.
 
     model_type (GGUF: general.architecture) gpt2, llama, mistral or qwen2. `dtype`: None keeps
-    the checkpoint's (bfloat16 weights stay bfloat16; quantised GGUF weights are dequantised,
-    tensor by tensor, to float32); `device`: where the weights are read to (default CPU). Every
+    the checkpoint's (bfloat16 weights stay bfloat16; activations of quantised GGUF weights are
+    float32); `quantized` (GGUF files; default True): quantized matrices stay packed as the file
+    stores them, multiplied as stored (`multihead.modules.quantized`, about 1/7 of the float32
+    memory for 4-bit files); False dequantises them, tensor by tensor, to `dtype`; `device`:
+    where the weights are read to (default CPU). Every
     config field that changes the computation is implemented or refused by name. The model
     carries its tokenizer as `model.tokenizer` (the directory's tokenizer.json, or the one a
     GGUF file's metadata describes; None when there is none).
@@ -40,7 +44,7 @@ def load_causal_lm(
     if source.is_gguf:
         from .gguf import load_gguf_causal_lm
 
-        return load_gguf_causal_lm(source.path, dtype=dtype, device=device)
+        return load_gguf_causal_lm(source.path, dtype=dtype, device=device, quantized=quantized)
     model_dir = source.path
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} lacks config.json")

@@ -16,6 +16,6 @@ def finish_causal_lm(model: nn.Module) -> None:
     """Tie the head again (loading with assign=True gives each key its own Parameter) and lay
     the matrices out as CausalLM keeps them for decoding."""
     assert isinstance(model, CausalLM)
-    if model.config.tie_embeddings:
+    if model.config.tie_embeddings and isinstance(model.head, nn.Linear):  # (not packed)
         model.head.weight = model.tok.weight
     model._column_major_weights()

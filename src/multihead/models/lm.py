@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..hook_points import caches_as
 from ..modules import lm
+from ..modules.quantized.linear import weight_like
 from .text_methods import TextMethods, is_text
 
 
@@ -45,4 +46,4 @@ class CausalLM(lm.CausalLM, TextMethods):
         return self.config.max_positions if self.config.positions_bounded() else None
 
     def _text_device(self) -> torch.device:
-        return self.tok.weight.device
+        return weight_like(self.tok).device

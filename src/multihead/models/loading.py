@@ -174,8 +174,11 @@ def load_model(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    pack: Callable[..., set[str]] | None = None,
 ) -> nn.Module:
-    """The family's model, built from `raw_config` and filled from `checkpoint`, in eval mode."""
+    """The family's model, built from `raw_config` and filled from `checkpoint`, in eval mode.
+    `pack(model, plan, names, tied, dtype, device)` may replace modules by packed (quantized)
+    ones before the other tensors are read; it returns the plan targets it filled."""
     place = check_dtype_and_device(dtype, device)
     config = family.read_config(raw_config)
     if family.view is not None:
@@ -207,15 +210,20 @@ def load_model(
     stored = _choose_dtype(plan, checkpoint, names)  # also refuses integer weights
     chosen = dtype or stored
     with checkpoint:
+        packed = set() if pack is None else pack(model, plan, names, tied, chosen, place)
         state = {
             target: _materialize(
                 target, source, checkpoint, names, chosen, place, strides.get(target)
             )
             for target, source in plan.items()
+            if target not in packed
         }
     for alias, key in tied.items():
-        state[alias] = state[key]
+        if alias not in packed:
+            state[alias] = state[key]
     with torch.no_grad():
+        if packed:  # the packed modules hold their tensors already
+            state.update((k, v) for k, v in model.state_dict().items() if k not in state)
         model.load_state_dict(state, strict=True, assign=True)
     state.clear()  # the modules hold the tensors now; `finish` may replace some (layouts)
     model.to(place)  # buffers made at construction (RoPE tables) follow the weights

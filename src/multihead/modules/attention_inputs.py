@@ -20,6 +20,7 @@ from torch import Tensor
 from ..functional.mask_mod import MaskMod
 from ..functional.structure import check_prefix_range
 from ..value_checks import check_non_negative
+from .quantized.linear import weight_like
 
 
 class Inputs(NamedTuple):
@@ -105,7 +106,7 @@ def batch_inputs(
     cross_cache: bool,
 ) -> Inputs:
     """Check the inputs of one padded call and bring them to batched form."""
-    weight = module.out_proj.weight
+    weight = weight_like(module.out_proj)
     check_tensor_input("query", query, module.embed_dim, weight)
     if value is not None and key is None:
         raise ValueError("value given without key: pass key (and value) for cross-attention")

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from .block import TransformerBlock
 from .norm import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+from .quantized.linear import shares_packed, unpack_
 
 
 def process_weights_(
@@ -87,7 +88,7 @@ def process_weights_(
         if center_writing_weights:
             for key in ("embed", "pos"):
                 if parts.get(key) is not None:
-                    _centre_rows(parts[key].weight)
+                    _centre_rows(unpack_(parts[key]).weight)
             for block in blocks:
                 _centre_writer(block.attn.out_proj)
                 if block.ffn is not None:
@@ -96,7 +97,7 @@ def process_weights_(
         if center_unembed:
             if head is None:
                 raise ValueError(f"center_unembed: {type(model).__name__} has no unembedding")
-            _sub_mean(head.weight, dim=0)  # (V, C): mean over the vocabulary
+            _sub_mean(unpack_(head).weight, dim=0)  # (V, C): mean over the vocabulary
             if head.bias is not None:
                 _sub_mean(head.bias, dim=0)
     return model
@@ -146,6 +147,7 @@ def _fold(owner: nn.Module, attr: str, readers: list[nn.Linear]) -> None:
     b = None if norm.bias is None else norm.bias.double()
     centre = isinstance(norm, LayerNorm)
     for layer in readers:
+        unpack_(layer)  # a packed (quantized) matrix is dequantised to take the fold
         W = layer.weight.double()  # (out, C)
         if b is not None:  # bias + W b, before W is scaled
             shift = W @ b
@@ -185,7 +187,7 @@ def _centre_rows(weight: Tensor) -> None:
 
 def _centre_writer(layer: nn.Linear) -> None:
     """A layer writing to the stream, weight (C, in): each output column loses its mean over C."""
-    _sub_mean(layer.weight, dim=0)
+    _sub_mean(unpack_(layer).weight, dim=0)
     if layer.bias is not None:
         _sub_mean(layer.bias, dim=0)
 
@@ -193,9 +195,14 @@ def _centre_writer(layer: nn.Linear) -> None:
 def _untie(model: Any, head: nn.Linear, embed: nn.Module | None) -> None:
     """Give the head its own weight when it shares the embedding's: folding changes one and
     not the other."""
-    if embed is None or head.weight is not embed.weight:
+    if embed is None:
         return
-    head.weight = nn.Parameter(embed.weight.detach().clone())
+    if shares_packed(head, embed):  # one packed matrix: the head gets its dequantised copy
+        unpack_(head)
+    elif head.weight is not embed.weight:
+        return
+    else:
+        head.weight = nn.Parameter(embed.weight.detach().clone())
     config = getattr(model, "config", None)
     # a frozen config dataclass with a tie flag (LMConfig): no import of lm.py (which imports us)
     tied = getattr(config, "tie_embeddings", False)

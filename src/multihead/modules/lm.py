@@ -28,6 +28,7 @@ from .generation import head_logits, soft_cap
 from .init import init_weights
 from .model_weights import ModelWeights
 from .norm import make_norm
+from .quantized.linear import weight_like
 from .static_cache import StaticKVCache
 
 
@@ -188,6 +189,8 @@ class CausalLM(ModelWeights, nn.Module):
 
     def logits(self, h: Tensor) -> Tensor:
         """(..., C) -> (..., V) through the output head, in whichever layout it has."""
+        if not isinstance(self.head, nn.Linear):  # a packed (quantized) head: its own product
+            return soft_cap(self.head(h), self.config.final_softcap)
         return soft_cap(head_logits(h, self.head.weight, self.head.bias), self.config.final_softcap)
 
     def attention(self, layer: int) -> MultiHeadAttention:
@@ -202,7 +205,7 @@ class CausalLM(ModelWeights, nn.Module):
         reallocation while decoding); `static=True` gives StaticKVCaches (fixed shapes, for
         compiled decoding; needs `max_length`). The caches hold the dtype the keys will have:
         the weights', or the autocast dtype when autocast is on for the weights' device."""
-        p = self.tok.weight
+        p = weight_like(self.tok)
         a = self.attention(0)
         dtype = p.dtype
         if torch.is_autocast_enabled(p.device.type) and p.dtype.is_floating_point:

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
+from .quantized.linear import weight_like
+
 Projection = Callable[[Tensor], Tensor]
 _LINEAR_FORWARD = nn.Linear.forward
 
@@ -141,6 +143,6 @@ def submodule(module: nn.Module, name: str) -> nn.Module:
 
 
 def weight_of(layer) -> Tensor:
-    """A projection's weight (its dtype and device stand for the module's)."""
-    weight = layer._parameters.get("weight")
-    return layer.weight if weight is None else weight
+    """A projection's weight (its dtype and device stand for the module's; a packed quantized
+    layer gives an empty tensor of its compute dtype and device, without dequantising)."""
+    return weight_like(layer)

@@ -31,18 +31,25 @@ def load(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    quantized: bool = True,
 ) -> nn.Module:
     """A `CausalLM` (GGUF files; a model_type of `CAUSAL_LM_FAMILIES`) or a
     `SentenceEncoder` (bert, distilbert, mpnet, roberta, xlm-roberta), in eval mode, from
     `source` (None: the packaged all-MiniLM-L6-v2); for any other model_type a
     `multihead.bridge.BridgedModel` (see docs/bridge.md). `dtype`: None keeps the
-    checkpoint's (float32 for quantised GGUF weights); `device`: where the weights go."""
+    checkpoint's (float32 activations for quantised GGUF weights); `device`: where the weights go.
+    `quantized` (GGUF files only; default True): a quantized file's matrices stay packed as
+    stored (Q4_0/Q4_1/Q4_K as 4-bit groups, Q8_0 as int8, other types as the file's blocks,
+    dequantised a tile at a time) and `.weight` dequantises on access; False dequantises the
+    whole model at load, as 0.3 did."""
     # fast, and the same checks and messages as the command line's --model (any model_type:
     # what no native family reads goes to the bridge, which refuses by name what it cannot route)
     model = check_model(source, architecture=_native_or_bridged)
     if model.gguf_architecture is not None:  # a GGUF no native family reads
         return load_through_bridge(model.path, model.path, model.gguf_architecture, dtype, device)
-    if model.is_gguf or model.model_type in CAUSAL_LM_FAMILIES:
+    if model.is_gguf:  # a native GGUF architecture
+        return load_causal_lm(model.path, dtype=dtype, device=device, quantized=quantized)
+    if model.model_type in CAUSAL_LM_FAMILIES:
         return load_causal_lm(model.path, dtype=dtype, device=device)
     if model.model_type in ENCODER_FAMILIES:
         return load_encoder(model.path, dtype=dtype, device=device)

@@ -25,6 +25,14 @@ _NOT_WEIGHTS = {Q.I8, Q.I16, Q.I32, Q.I64}
 _CHUNK_BYTES = 2**20  # stored bytes dequantised at a time (Q4_1: ~7 MB of float32)
 
 
+def qkv_rows_per_head(rows: Tensor, heads: int) -> Tensor:
+    """llama.cpp's q | k | v row blocks as GPT-NeoX's query_key_value rows, each head's
+    [q, k, v] together; `rows` may be any per-row data (values, or a packed matrix's rows)."""
+    # (3 * H * D, ...) -> (3, H, D, ...) -> (H, 3, D, ...) -> (H * 3 * D, ...)
+    blocks = rows.reshape(3, heads, rows.shape[0] // (3 * heads), *rows.shape[1:])
+    return blocks.transpose(0, 1).reshape(rows.shape)
+
+
 @dataclass(frozen=True)
 class Layout:
     """How a stored tensor becomes the Hugging Face one: `heads` > 0 undoes llama.cpp's
@@ -115,10 +123,7 @@ class GGUFCheckpoint(Checkpoint):
         if layout.heads:
             values = unpermute_rows(values, layout.heads)
         if layout.qkv_heads:
-            H = layout.qkv_heads
-            # (3 * H * D, ...) -> (3, H, D, ...) -> (H, 3, D, ...) -> (H * 3 * D, ...)
-            blocks = values.reshape(3, H, values.shape[0] // (3 * H), *values.shape[1:])
-            values = blocks.transpose(0, 1).reshape(values.shape)
+            values = qkv_rows_per_head(values, layout.qkv_heads)
         if layout.transpose and values.dim() == 2:
             values = values.t()
         if layout.shift:

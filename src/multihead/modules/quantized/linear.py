@@ -1,0 +1,247 @@
+"""A packed weight matrix behind nn.Linear's interface, and behind nn.Embedding's.
+
+`QuantizedLinear(x)` multiplies by the weight as stored (kernels.py); `.weight` is the
+dequantised (out, in) matrix, computed on each access (no gradient, nothing cached), so weight
+views (W_Q ... W_U), folding and analysis code read an ordinary tensor. Blocks call these modules
+as they call nn.Linear (through `__call__`, so module hooks fire).
+
+Forms (`form`):
+- "int4": buffers qs (N, K/2) uint8, scale and zero (N, K/32) float32 (Q4_0, Q4_1, Q4_K);
+- "int8": qs (N, K) int8, scale (N, K/32) float32 (Q8_0);
+- "blocks": qs (N, row bytes) uint8, the file's own blocks, with a `dequantize(rows) -> float32
+  (n, K)` function given by the loader (every other type): the product dequantises a tile of
+  rows at a time.
+Activations keep their dtype (float32 unless the model was loaded in another); the products
+compute in float32 and cast back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .kernels import _tiled, dequantize_int4, dequantize_int8, int4_mm, int8_mm, tiled_transposed
+
+RowDequantizer = Callable[[Tensor], Tensor]  # (n, row bytes) uint8 -> (n, K) float32
+FORMS = ("int4", "int8", "blocks")
+
+
+class PackedRows(nn.Module):
+    """The packed matrix itself (buffers), shared by a tied embedding and LM head."""
+
+    qs: Tensor
+    scale: Tensor | None
+    zero: Tensor | None
+    like: Tensor
+
+    def __init__(
+        self,
+        form: str,
+        shape: tuple[int, int],
+        qs: Tensor,
+        scale: Tensor | None = None,
+        zero: Tensor | None = None,
+        *,
+        dequantize: RowDequantizer | None = None,
+        qtype: str = "",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+        if form == "blocks" and dequantize is None:
+            raise ValueError("form 'blocks' needs a dequantize function")
+        self.form, self.shape, self.qtype = form, tuple(shape), qtype
+        self._dequantize = dequantize
+        self.register_buffer("qs", qs)
+        self.register_buffer("scale", scale)
+        self.register_buffer("zero", zero)
+        # no values: carries the compute dtype and the device for code that asks a weight
+        self.register_buffer("like", torch.empty(0, dtype=dtype, device=qs.device), False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.like.dtype
+
+    def rows(self, start: int, stop: int) -> Tensor:
+        """Rows start..stop dequantised, in the compute dtype."""
+        if self.form == "int4":
+            assert self.scale is not None and self.zero is not None
+            return dequantize_int4(
+                self.qs[start:stop], self.scale[start:stop], self.zero[start:stop], self.dtype
+            )
+        if self.form == "int8":
+            assert self.scale is not None
+            return dequantize_int8(self.qs[start:stop], self.scale[start:stop], self.dtype)
+        return self.take(torch.arange(start, stop, device=self.qs.device))
+
+    def take(self, index: Tensor) -> Tensor:
+        """The rows `index` (any shape) dequantised: (*index.shape, K)."""
+        flat = index.reshape(-1)
+        if self.form == "int4":
+            assert self.scale is not None and self.zero is not None
+            w = dequantize_int4(self.qs[flat], self.scale[flat], self.zero[flat], self.dtype)
+        elif self.form == "int8":
+            assert self.scale is not None
+            w = dequantize_int8(self.qs[flat], self.scale[flat], self.dtype)
+        else:
+            assert self._dequantize is not None
+            w = self._dequantize(self.qs[flat].cpu()).to(self.qs.device, self.dtype)
+        return w.view(*index.shape, self.shape[1])
+
+    def matmul(self, x: Tensor) -> Tensor:
+        """x (M, K) in the compute dtype -> (M, N); differentiable in x (the weight is not a
+        parameter: it has no gradient)."""
+        if x.requires_grad and torch.is_grad_enabled():
+            return _PackedMatmul.apply(x, self)
+        return self._matmul(x)
+
+    def _matmul(self, x: Tensor) -> Tensor:
+        if x.device.type != "cpu" or self.form == "blocks":
+            # CUDA (and the file's own blocks): dequantise a tile of rows, multiply, repeat
+            return _tiled(x, self.shape[0], self.rows)
+        x32 = x.float()
+        if self.form == "int4":
+            assert self.scale is not None and self.zero is not None
+            y = int4_mm(x32, self.qs, self.scale, self.zero)
+        else:
+            assert self.scale is not None
+            y = int8_mm(x32, self.qs, self.scale)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.qtype or self.form}, shape={self.shape}"
+
+
+class _PackedMatmul(torch.autograd.Function):
+    """The packed product with the input's gradient, g @ W, read a tile of rows at a time."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, packed: PackedRows) -> Tensor:
+        ctx.packed = packed
+        return packed._matmul(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        packed = ctx.packed
+        N, K = packed.shape
+        return tiled_transposed(g.contiguous(), N, K, packed.rows).to(g.dtype), None
+
+
+class QuantizedLinear(nn.Module):
+    """`y = x W^T + b` with W packed. in_features, out_features and bias as nn.Linear's."""
+
+    def __init__(self, packed: PackedRows, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.packed = packed
+        self.out_features, self.in_features = packed.shape
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantised (out, in) matrix, made on each access (not a parameter)."""
+        return self.packed.rows(0, self.out_features)
+
+    @property
+    def weight_like(self) -> Tensor:
+        """An empty tensor of the compute dtype and device (what callers ask a weight for)."""
+        like = self.packed.like
+        assert isinstance(like, Tensor)
+        return like
+
+    def forward(self, x: Tensor) -> Tensor:
+        # (..., K) -> (M, K) -> (M, N) -> (..., N)
+        y = self.packed.matmul(x.reshape(-1, self.in_features))
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class QuantizedEmbedding(nn.Module):
+    """A lookup table whose rows are dequantised as they are looked up."""
+
+    def __init__(self, packed: PackedRows) -> None:
+        super().__init__()
+        self.packed = packed
+        self.num_embeddings, self.embedding_dim = packed.shape
+        self.padding_idx = None
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantised (vocabulary, width) table, made on each access."""
+        return self.packed.rows(0, self.num_embeddings)
+
+    @property
+    def weight_like(self) -> Tensor:
+        like = self.packed.like
+        assert isinstance(like, Tensor)
+        return like
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"embedding ids must be int32 or int64, got {ids.dtype}")
+        # out-of-range ids: the same IndexError an nn.Embedding raises
+        F.embedding(ids, torch.empty(self.num_embeddings, 0, device=ids.device))
+        return self.packed.take(ids)  # (...) -> (..., C)
+
+
+def weight_like(layer: nn.Module) -> Tensor:
+    """A tensor with `layer`'s weight dtype and device, without dequantising a packed one."""
+    like = getattr(layer, "weight_like", None)
+    if isinstance(like, Tensor):
+        return like
+    weight = layer._parameters.get("weight")
+    return layer.weight if weight is None else weight  # type: ignore[return-value]
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, PackedRows) for m in model.modules())
+
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+
+
+def unpack_(module: nn.Module) -> Any:
+    """Turn a QuantizedLinear (QuantizedEmbedding) into an nn.Linear (nn.Embedding) holding the
+    dequantised weight, in place (the same object, its hooks kept), for code that writes the
+    weight (`process_weights_`); other modules are returned as they are."""
+    if not isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+        return module
+    weight = nn.Parameter(module.weight, requires_grad=False)
+    if isinstance(module, QuantizedLinear):
+        new: nn.Module = nn.Linear(
+            module.in_features, module.out_features, bias=module.bias is not None, device="meta"
+        )
+        new.bias = module.bias  # type: ignore[assignment]
+    else:
+        new = nn.Embedding(module.num_embeddings, module.embedding_dim, device="meta")
+    new.weight = weight
+    hooks = {name: getattr(module, name) for name in _HOOK_DICTS if hasattr(module, name)}
+    module.__dict__.clear()
+    module.__dict__.update(new.__dict__)
+    module.__dict__.update(hooks)
+    module.__class__ = type(new)  # type: ignore[assignment]
+    return module
+
+
+def shares_packed(a: nn.Module, b: nn.Module) -> bool:
+    """Whether two modules read one packed matrix (a tied embedding and head)."""
+    p = getattr(a, "packed", None)
+    return isinstance(p, PackedRows) and p is getattr(b, "packed", None)

@@ -1,0 +1,344 @@
+"""GGUF weights kept packed (multihead.modules.quantized, models/gguf/quantized.py): each
+type against gguf's own dequantiser (the independent reference), tiny files of every type gguf
+writes (and K-quant files of random blocks), the real SmolLM2 Q4_1 file against its
+dequantised load, and bad input."""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+
+import multihead
+from helpers_gguf import (
+    HEADS,
+    KV_HEADS,
+    VOCAB,
+    _llama_tensors,
+    _metadata,
+    add_tokenizer,
+    hf_model,
+    write_gguf,
+)
+from multihead.models.gguf import GGUFError, GGUFFile
+from multihead.models.gguf.mapped import file_stamp, mapped_bytes
+from multihead.models.gguf.quantized import _CONVERT
+from multihead.modules.quantized import PackedRows, QuantizedEmbedding, QuantizedLinear, kernels
+
+# byte offsets of the float16 scales (d, dmin) in each K-quant block (ggml-common.h)
+K_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
+
+
+def random_blocks(qtype: Q, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random bytes as `rows` x `cols` values of `qtype`, with finite float16 scales."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for at in K_SCALES[qtype]:
+        d = rng.uniform(-0.05, 0.05, (rows, cols // block)).astype(np.float16)
+        raw[:, :, at : at + 2] = d[..., None].view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, -1)
+
+
+def our_values(qtype: Q, raw: np.ndarray, cols: int) -> torch.Tensor:
+    block, size = GGML_QUANT_SIZES[qtype]
+    qs, scale, zero, _ = _CONVERT[qtype](raw.reshape(raw.shape[0], cols // block, size))
+    qs = torch.from_numpy(np.array(qs, order="C")).reshape(raw.shape[0], -1)
+    if zero is None:
+        return kernels.dequantize_int8(qs, torch.from_numpy(scale))
+    return kernels.dequantize_int4(qs, torch.from_numpy(scale), torch.from_numpy(zero))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K])
+def test_packed_forms_equal_gguf_dequantiser(qtype):
+    rows, cols = 6, 512  # two Q4_K super-blocks per row
+    if qtype == Q.Q4_K:
+        raw = random_blocks(qtype, rows, cols)
+    else:
+        values = np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32)
+        raw = gguf.quants.quantize(values, qtype)
+    expected = gguf.quants.dequantize(raw, qtype).reshape(rows, cols)
+    ours = our_values(qtype, raw, cols)
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("rows", [1, 3, kernels.KERNEL_MAX_ROWS + 1])  # kernel, kernel, GEMM
+@pytest.mark.parametrize("no_kernels", [False, True])
+def test_products_against_float64(rows, no_kernels, monkeypatch):
+    if no_kernels:
+        monkeypatch.setattr(kernels, "_library", lambda: None)
+    g = torch.Generator().manual_seed(0)
+    N, K = 40, 96
+    qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+    scale, zero = torch.rand(N, K // 32, generator=g), torch.randn(N, K // 32, generator=g)
+    q8 = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+    x = torch.randn(rows, K, generator=g)
+    w4 = kernels.dequantize_int4(qs, scale, zero).double()
+    w8 = kernels.dequantize_int8(q8, scale).double()
+    torch.testing.assert_close(
+        kernels.int4_mm(x, qs, scale, zero).double(), x.double() @ w4.t(), rtol=1e-4, atol=1e-4
+    )
+    torch.testing.assert_close(
+        kernels.int8_mm(x, q8, scale).double(), x.double() @ w8.t(), rtol=1e-4, atol=1e-4
+    )
+
+
+def write_raw_gguf(path, qtype: Q) -> None:
+    """A tiny Llama (width 256, as K-quant super-blocks need) whose matrices are random `qtype`
+    blocks (gguf has no K-quant quantiser)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    tensors = _llama_tensors("llama", model.state_dict())
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(64)
+    w.add_embedding_length(256)
+    w.add_feed_forward_length(512)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(256 // HEADS)
+    add_tokenizer(w)
+    for i, (name, value) in enumerate(tensors.items()):
+        if value.ndim == 2:
+            raw = random_blocks(qtype, value.shape[0], value.shape[1], seed=i)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+WRITABLE = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+RANDOM_K = ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"]
+FORM = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8"}
+
+
+@pytest.mark.parametrize("qtype", WRITABLE + RANDOM_K)
+def test_tiny_files_of_each_type(tmp_path, qtype):
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    if qtype in WRITABLE:
+        write_gguf(path, "llama", qtype)
+    else:
+        write_raw_gguf(path, Q[qtype])
+    packed = multihead.load(path)
+    plain = multihead.load(path, quantized=False)
+    attn = packed.layers[1].attn
+    assert isinstance(attn.in_proj, QuantizedLinear) and isinstance(packed.tok, QuantizedEmbedding)
+    assert attn.in_proj.packed.form == FORM.get(qtype, "blocks")
+    assert attn.in_proj.packed.qtype == qtype
+    # the packed q, k, v rows (llama.cpp's rotary permutation undone) dequantise to the
+    # dequantised model's weights, value for value
+    torch.testing.assert_close(attn.in_proj.weight, plain.layers[1].attn.in_proj.weight)
+    torch.testing.assert_close(packed.W_U, plain.W_U)
+    ids = torch.tensor([[5, 17, 2, 40, 11, 63, 7], [1, 2, 3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        expected = plain(ids)
+        atol = 1e-5 * float(expected.abs().max())  # float32 sums in another order
+        torch.testing.assert_close(packed(ids), expected, rtol=1e-4, atol=atol)
+        one = packed(ids[:, :1])  # the kernel's row counts (one token) too
+        torch.testing.assert_close(one, plain(ids[:, :1]), rtol=1e-4, atol=atol)
+
+
+def test_nan_scale_is_refused_by_name(tmp_path):
+    path = tmp_path / "nan.gguf"
+    write_gguf(path, "llama", "Q4_0")
+    file = GGUFFile(path)
+    t = file.tensors["blk.1.ffn_up.weight"]
+    data = bytearray(path.read_bytes())
+    data[t.offset + 18 * 3 : t.offset + 18 * 3 + 2] = np.array([np.nan], np.float16).tobytes()
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"blk\.1\.ffn_up\.weight.*Q4_0.*NaN or infinite"):
+        multihead.load(path)
+
+
+def test_nan_scale_in_file_blocks_is_refused(tmp_path):
+    path = tmp_path / "nan6k.gguf"
+    write_raw_gguf(path, Q.Q6_K)
+    t = GGUFFile(path).tensors["blk.0.attn_v.weight"]
+    data = bytearray(path.read_bytes())
+    data[t.offset + 208 : t.offset + 210] = np.array([np.inf], np.float16).tobytes()
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_v\.weight.*Q6_K.*NaN or infinite"):
+        multihead.load(path)
+
+
+def test_type_without_dequantiser_is_refused_by_name(tmp_path):
+    path = tmp_path / "q81.gguf"
+    # one matrix in Q8_1 (ggml's activation type: gguf has no dequantiser for it)
+    model = hf_model("llama")
+    tensors = _llama_tensors("llama", model.state_dict())
+    w = gguf.GGUFWriter(str(path), "llama")
+    _metadata(w, "llama", model)
+    for name, value in tensors.items():
+        if name == "blk.0.ffn_gate.weight":
+            rows, cols = value.shape
+            block, size = GGML_QUANT_SIZES[Q.Q8_1]
+            raw = np.zeros((rows, cols // block * size), dtype=np.uint8)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=Q.Q8_1)
+        elif value.ndim == 2:
+            w.add_tensor(name, gguf.quants.quantize(value, Q.Q4_0), raw_dtype=Q.Q4_0)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"blk\.0\.ffn_gate\.weight.*Q8_1"):
+        multihead.load(path)
+
+
+def test_file_changed_under_the_map_is_refused(tmp_path):
+    path = tmp_path / "changing.gguf"
+    write_gguf(path, "llama", "Q4_1")
+    file = GGUFFile(path)
+    stamp = file_stamp(path)
+    tensor = file.tensors["blk.0.attn_q.weight"]
+    with mapped_bytes(file, tensor, stamp) as raw:
+        assert raw.nbytes == tensor.nbytes
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten in place
+    changed = r"changed while loading.*blk\.0\.attn_q\.weight.*Q4_1"
+    with pytest.raises(GGUFError, match=changed), mapped_bytes(file, tensor, stamp):
+        pass
+
+
+# -- the real file --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_plain(smollm2_gguf_path):
+    return multihead.load(smollm2_gguf_path, quantized=False)
+
+
+def test_smollm2_is_packed_and_small(smollm2):
+    assert isinstance(smollm2.head, QuantizedLinear) and smollm2.head.packed is smollm2.tok.packed
+    assert smollm2.tok.packed.qtype == "Q8_0"
+    assert smollm2.layers[0].ffn.down.packed.qtype == "Q4_1"
+    stored = sum(b.nbytes for b in smollm2.buffers()) + sum(p.nbytes for p in smollm2.parameters())
+    dequantised = (
+        sum(
+            m.packed.shape[0] * m.packed.shape[1] * 4
+            for m in smollm2.modules()
+            if isinstance(m, (QuantizedLinear,)) and m is not smollm2.head
+        )
+        + smollm2.tok.packed.shape[0] * smollm2.tok.packed.shape[1] * 4
+    )
+    assert stored < 0.25 * dequantised
+
+
+def test_smollm2_logits_tokens_and_hooks_equal_dequantised(smollm2, smollm2_plain):
+    ids = smollm2.to_tokens("The capital of France is Paris, and the capital of Spain is")
+    with torch.no_grad():
+        torch.testing.assert_close(smollm2(ids), smollm2_plain(ids), rtol=0, atol=2e-3)
+    greedy = smollm2.generate(ids, 8)
+    assert torch.equal(greedy, smollm2_plain.generate(ids, 8))
+    _, cache = smollm2.run_with_cache(ids)
+    _, cache_p = smollm2_plain.run_with_cache(ids)
+    names = list(cache_p.keys())
+    assert list(cache.keys()) == names
+    for name in names:
+        a, b = cache[name], cache_p[name]
+        scale = max(1.0, float(b[torch.isfinite(b)].abs().max()))  # (masked scores: -inf)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * scale, msg=name)
+    pattern = "blocks.3.attn.hook_pattern"
+    torch.testing.assert_close(cache[pattern], cache_p[pattern], rtol=0, atol=1e-5)
+
+
+def test_smollm2_weight_views_dequantise(smollm2, smollm2_plain):
+    for name in ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "W_E", "W_U"):
+        assert torch.equal(getattr(smollm2, name), getattr(smollm2_plain, name)), name
+
+
+def test_process_weights_dequantises_what_it_folds(smollm2_gguf_path, smollm2_plain):
+    model = multihead.load(smollm2_gguf_path)
+    reference = multihead.load(smollm2_gguf_path, quantized=False)
+    with pytest.warns(UserWarning, match="RMSNorm"):
+        model.process_weights_()
+        reference.process_weights_()
+    attn = model.layers[0].attn
+    assert isinstance(attn.in_proj, torch.nn.Linear)  # folded: dequantised
+    assert isinstance(attn.out_proj, QuantizedLinear)  # not written: still packed
+    assert isinstance(model.tok, QuantizedEmbedding) and not model.config.tie_embeddings
+    ids = model.to_tokens("Folding keeps the logits")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids), rtol=0, atol=2e-3)
+
+
+def test_packed_rows_refuses_unknown_form():
+    with pytest.raises(ValueError, match="form must be one of"):
+        PackedRows("int3", (2, 32), torch.zeros(2, 16, dtype=torch.uint8))
+
+
+@pytest.mark.gpu
+def test_smollm2_quantized_on_cuda(smollm2_gguf_path, smollm2_plain):
+    model = multihead.load(smollm2_gguf_path, device="cuda")
+    assert model.layers[0].attn.in_proj.packed.qs.device.type == "cuda"
+    ids = model.to_tokens("The capital of France is").cpu()
+    with torch.no_grad():
+        logits = model(ids.cuda()).cpu()
+        torch.testing.assert_close(logits, smollm2_plain(ids), rtol=0, atol=2e-3)
+    assert torch.equal(model.generate(ids.cuda(), 6).cpu(), smollm2_plain.generate(ids, 6))
+
+
+_RSS_CHILD = r"""
+import json, resource, sys
+import torch, multihead
+from multihead.models import gguf  # noqa: F401  (imports before the baseline)
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+before = rss()
+model = multihead.load(sys.argv[1], quantized=sys.argv[2] == "1")
+with torch.no_grad():
+    model(torch.tensor([[1, 2, 3]]))
+# VmHWM: this process image's peak (ru_maxrss keeps the forking parent's across exec)
+with open("/proc/self/status") as f:
+    peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+print(json.dumps(dict(growth=peak - before)))
+"""
+
+
+def test_smollm2_packed_load_peak_memory(smollm2_gguf_path):
+    """Peak RSS growth of a packed load (and one forward) at most 0.4x the dequantised one's,
+    each in a fresh process; the file is mapped a tensor at a time."""
+    import json
+    import subprocess
+    import sys
+
+    growth = {}
+    for quantized in ("1", "0"):
+        done = subprocess.run(
+            [sys.executable, "-c", _RSS_CHILD, str(smollm2_gguf_path), quantized],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        growth[quantized] = json.loads(done.stdout.strip().splitlines()[-1])["growth"]
+    assert growth["1"] <= 0.4 * growth["0"], growth
+
+
+@pytest.mark.parametrize("rows", [1, 12])  # the kernel's path and the dequantise + GEMM one
+def test_input_gradient_through_packed_matrix(rows):
+    g = torch.Generator().manual_seed(3)
+    N, K = 24, 64
+    qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+    scale, zero = torch.rand(N, K // 32, generator=g), torch.randn(N, K // 32, generator=g)
+    layer = QuantizedLinear(PackedRows("int4", (N, K), qs, scale, zero))
+    x = torch.randn(rows, K, dtype=torch.float64, generator=g).float().requires_grad_()
+    layer(x).pow(2).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    (x64 @ layer.weight.double().t()).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
