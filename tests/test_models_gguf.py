@@ -48,12 +48,18 @@ def test_each_quantisation_equals_transformers_gguf_loading(tmp_path, arch, qtyp
 def test_requested_dtype_is_the_float32_values_rounded_once(tmp_path, dtype):
     path = tmp_path / "m.gguf"
     write_gguf(path, "llama", "Q4_1")
-    full = load_causal_lm(path, dtype=torch.float32).state_dict()
-    low = load_causal_lm(path, dtype=dtype).state_dict()
+    # the dequantised model (quantized=False): every weight rounded once from float32
+    full = load_causal_lm(path, dtype=torch.float32, quantized=False).state_dict()
+    low = load_causal_lm(path, dtype=dtype, quantized=False).state_dict()
     for key, value in full.items():
         if value.is_floating_point() and key in low:
             assert low[key].dtype == dtype or not low[key].is_floating_point(), key
             assert torch.equal(low[key], value.to(dtype)), key
+    # packed (the default): the file's blocks kept as stored, the weights seen in `dtype`
+    packed = load_causal_lm(path, dtype=dtype)
+    assert packed.layers[0].attn.in_proj.weight.dtype == dtype
+    assert packed.tok.weight.dtype == dtype
+    torch.testing.assert_close(packed.tok.weight, full["tok.weight"].to(dtype), atol=0, rtol=0)
 
 
 def test_default_dtype_is_float32_for_quantised_and_stored_for_float_files(tmp_path):

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ...modules.quantized import PackedRows, QuantizedEmbedding, QuantizedLinear
 from ..keymap import Source
-from .checkpoint import GGUFCheckpoint, Layout, qkv_rows_per_head, unpermute_rows
+from .checkpoint import GGUFCheckpoint, Layout, unpermute_rows
 from .dequant import PLAIN, can_dequantize
 from .mapped import file_stamp, mapped_bytes
 from .reader import GGUFTensor
@@ -142,8 +142,6 @@ def pack_tensors(
             del rows
         if layout.heads:
             pieces = [unpermute_rows(p, layout.heads) for p in pieces]
-        if layout.qkv_heads:  # (GPT-NeoX: a row permutation, so packed rows follow it)
-            pieces = [qkv_rows_per_head(p, layout.qkv_heads) for p in pieces]
         parts.append(pieces)
     merged = [torch.cat(col) if len(col) > 1 else col[0] for col in zip(*parts, strict=True)]
     merged = [p.to(device).contiguous() for p in merged]
@@ -200,8 +198,11 @@ def packer(ck: GGUFCheckpoint) -> Callable[..., set[str]]:
             module = model.get_submodule(prefix)
             if not isinstance(module, (nn.Linear, nn.Embedding)):
                 continue
-            keys = tuple(names[k] for k in source.keys)
-            if not all(packable(*ck._sources[k]) for k in keys):
+            keys = tuple(names.get(k, k) for k in source.keys)
+            # a key a checkpoint view makes (a slice of a fused tensor: GPT-NeoX's
+            # query_key_value, Phi-3's qkv_proj / gate_up_proj) is not a stored tensor: that
+            # target loads dequantised through the view
+            if not all(k in ck._sources and packable(*ck._sources[k]) for k in keys):
                 continue
             try:
                 packed = pack_tensors(ck, keys, stamp, dtype, device)
