@@ -57,3 +57,36 @@ def test_rows_read_the_median_of_per_round_ratios(monkeypatch):
     assert row[3] == f"{sorted(ideals)[1] * 1e3:.0f}"
     # the ratio of medians would read otherwise here
     assert f"{1.0 / sorted(ideals)[1]:.2f}x" != row[5]
+
+
+def test_contend_measures_beside_a_busy_process_the_bench_stops(monkeypatch, capsys):
+    import contextlib
+
+    from multihead.bench import contend
+
+    events = []
+
+    @contextlib.contextmanager
+    def fake_busy(seconds=contend.MAX_SECONDS):
+        events.append("start")
+        yield None
+        events.append("stop")
+
+    def fake_main(kinds, quick, repeats):
+        events.append("measure")
+        return "table"
+
+    monkeypatch.setattr(contend, "busy_process", fake_busy)
+    monkeypatch.setattr(attention_structure, "main", fake_main)
+    assert main(["bench", "attention", "--mask", "window", "--contend"]) == 0
+    assert events == ["start", "measure", "stop"]  # measured while it ran
+    out = capsys.readouterr().out
+    assert out.startswith("condition: beside a busy process (") and "table" in out
+
+
+def test_the_competing_process_runs_and_is_stopped():
+    from multihead.bench import contend
+
+    with contend.busy_process(seconds=60) as proc:
+        assert proc.poll() is None  # running its products (it said so before the body began)
+    assert proc.poll() is not None  # stopped when the bench is done, not at its deadline

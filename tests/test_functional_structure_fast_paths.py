@@ -37,7 +37,8 @@ def document_mask(ids, causal):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts calls of the fast paths' forward and backward functions."""
+    """Counts calls of the fast paths' forward and backward functions (one per unit of heads:
+    with several threads a call runs several, `tile_threads`)."""
     names = {
         "band_forward": "band", "band_backward": "band_backward",
         "segments_forward": "segments", "segments_backward": "segments_backward",
@@ -69,10 +70,10 @@ def qkv(B, H, Hkv, T, dtype):
 def test_a_causal_window_runs_as_one_band(spy, T, W, hkv, dtype):
     q, k, v = qkv(2, 4, hkv, T, dtype)
     out = attention(q, k, v, causal=True, window=W, backend="tiled")
-    assert spy["band"] == 1
+    assert spy["band"] >= 1
     ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
     check(out, ref, (q, k, v), dtype)
-    assert spy["band_backward"] == 1
+    assert spy["band_backward"] >= 1
 
 
 @pytest.mark.parametrize("window", [sys.maxsize, (sys.maxsize, 0), (0, sys.maxsize), 10**30])
@@ -99,7 +100,7 @@ def test_a_band_backward_in_several_kernel_calls_adds_up(monkeypatch, spy, per_c
     out = attention(q, k, v, causal=True, window=W, backend="tiled")
     ref, _ = reference_attention(q, k, v, mask=window_mask(T, W))
     check(out, ref, (q, k, v), torch.float64)
-    assert spy["band_backward"] == 1
+    assert spy["band_backward"] >= 1
 
 
 def _head_dim_strided(layout, B, H, T, dtype):
@@ -151,7 +152,7 @@ def test_a_head_dimension_that_is_not_contiguous(spy, layout, kind, dtype):
     allowed = _pairwise_mask(kind)
     out = attention(q, k, v, causal=True, backend="tiled", **args)
     ref, _ = reference_attention(*(t.double() for t in (q, k, v)), mask=allowed)
-    assert (not any(spy.values())) if kind == "tiles" else spy[kind] == 1  # the path ran
+    assert (not any(spy.values())) if kind == "tiles" else spy[kind] >= 1  # the path ran
     check(out, ref, leaves, dtype)
 
 
@@ -177,7 +178,7 @@ def test_fast_path_backwards_read_strided_output_gradients(spy, layout, kind):
         g = torch.randn(2, T, 4, D, dtype=torch.float64).transpose(1, 2)  # (B, H, T, D) view
         got = torch.autograd.grad(out, (q, k, v), g)
         want = torch.autograd.grad(ref, (q, k, v), g)
-    assert spy[f"{kind}_backward"] == 1
+    assert spy[f"{kind}_backward"] >= 1
     for a, b in zip(got, want, strict=True):
         assert_close(a, b, torch.float64)
 
@@ -199,7 +200,7 @@ def test_projection_views_give_the_reference_and_a_tokens_first_output(spy, kind
         else structure
     )
     out = attention(q, k, v, causal=True, backend="tiled", **args)
-    assert (not any(spy.values())) if kind == "tiles" else spy[kind] == 1
+    assert (not any(spy.values())) if kind == "tiles" else spy[kind] >= 1
     if kind != "tiles":  # (the general plan copies its inputs and stores heads-first)
         assert out.transpose(1, 2).is_contiguous()
     ref, _ = reference_attention(q, k, v, mask=_pairwise_mask(kind))
@@ -241,10 +242,10 @@ DOCS = [
 def test_contiguous_documents_run_one_call_each(spy, causal, hkv, dtype):
     q, k, v = qkv(2, 4, hkv, 200, dtype)
     out = attention(q, k, v, causal=causal, documents=torch.tensor(DOCS), backend="tiled")
-    assert spy["segments"] == 1
+    assert spy["segments"] >= 1
     ref, _ = reference_attention(q, k, v, mask=document_mask(DOCS, causal))
     check(out, ref, (q, k, v), dtype)
-    assert spy["segments_backward"] == 1
+    assert spy["segments_backward"] >= 1
 
 
 @pytest.mark.parametrize("hkv", [4, 1])
@@ -254,7 +255,7 @@ def test_long_causal_documents_run_in_chunks_and_still_match(spy, hkv):
     ids = [[0] * 300 + [1] * 400, [2] * 520 + [3] * 180]
     q, k, v = qkv(2, 4, hkv, 700, torch.float64)
     out = attention(q, k, v, causal=True, documents=torch.tensor(ids), backend="tiled")
-    assert spy["segments"] == 1
+    assert spy["segments"] >= 1
     ref, _ = reference_attention(q, k, v, mask=document_mask(ids, True))
     check(out, ref, (q, k, v), torch.float64)
 
@@ -281,7 +282,7 @@ def test_nan_in_a_value_reaches_the_rows_whose_window_holds_it_and_no_far_row(sp
     q, k, v = (t.detach() for t in qkv(1, 2, 2, 300, torch.float32))
     v[0, :, 150] = float("nan")
     out = attention(q, k, v, causal=True, window=64, backend="tiled")
-    assert spy["band"] == 1
+    assert spy["band"] >= 1
     rows = out.isnan().any(dim=-1)[0, 0]  # (T,)
     assert rows[150 : 150 + 64].all()  # queries 150 .. 213 attend to key 150
     # Inside a block's band a blocked NaN value spreads as 0 * NaN (as in the dense backends,
@@ -302,10 +303,10 @@ def prefix_mask(T, P):
 def test_an_int_prefix_runs_as_three_large_calls(spy, P, hkv, dtype):
     q, k, v = qkv(2, 4, hkv, 200, dtype)
     out = attention(q, k, v, causal=True, prefix=P, backend="tiled")
-    assert spy["prefix"] == 1
+    assert spy["prefix"] >= 1
     ref, _ = reference_attention(q, k, v, mask=prefix_mask(200, P))
     check(out, ref, (q, k, v), dtype)
-    assert spy["prefix_backward"] == 1
+    assert spy["prefix_backward"] >= 1
 
 
 def test_a_prefix_per_row_or_with_a_window_takes_the_general_plan(spy):

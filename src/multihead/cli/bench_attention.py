@@ -30,6 +30,12 @@ def add_arguments(parser) -> None:
         help="structured attention instead: the function and the module against their ideal "
         "(the cost of the allowed pairs), dense-mask SDPA and compiled flex_attention (CPU, fp32)",
     )
+    parser.add_argument(
+        "--contend",
+        action="store_true",
+        help="measure beside a competing process (matrix products on every core, started and "
+        "stopped by the bench): the figures of a machine shared with another busy job",
+    )
     add_device(parser)
     add_common(parser)
 
@@ -37,6 +43,16 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     check_device(args)
     apply_common(args)
+    if not args.contend:
+        return _run(args)
+    from ..bench import contend
+
+    with contend.busy_process():
+        print(f"condition: {contend.describe()}, started and stopped by this bench", flush=True)
+        return _run(args)
+
+
+def _run(args) -> int:
     from ..bench import attention
 
     if args.mask is not None:

@@ -17,6 +17,8 @@ lse (B, H, Tq); mask / bias 4-D, broadcastable to (B, H, Tq, Tk).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -35,6 +37,7 @@ from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
 from .tile_segments import segment_plan, segments_backward, segments_forward
+from .tile_threads import head_units, run, workers
 
 # Below this many (query, key) pairs per head, sdpa under the dense mask (at most 1 MB of
 # booleans) is as cheap as tiling or cheaper (measured: documents of 64 tokens at T = 512
@@ -193,6 +196,58 @@ def _output_buffer(q: Tensor, dv: int, dtype) -> Tensor:
     return torch.empty(B, H, tq, dv, dtype=dtype, device=q.device)
 
 
+def _segments_of(segments: list, rows: slice) -> list:
+    """The documents of a unit's batch rows, numbered within them."""
+    if rows.start is None:
+        return segments
+    return [(b - rows.start, s, e) for b, s, e in segments if rows.start <= b < rows.stop]
+
+
+def _fast_forward(setup: _Setup, q, k, v, out, lse) -> None:
+    """The call's fast path (band, documents or prefix), forward: units of batch rows and kv
+    heads on worker threads (`tile_threads`: each unit writes its own rows of out, lse)."""
+    n = workers(q, k, v, out)
+    units: list[Callable[[], None]] = []
+    for rows, heads, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n):
+        t = (q[rows, heads], k[rows, kv], v[rows, kv])
+        o, l = out[rows, heads], lse[rows, heads]
+        if setup.band is not None:
+            units.append(functools.partial(band_forward, *t, setup.band, setup.scale, o, l))
+        elif setup.segments is not None:
+            segs = _segments_of(setup.segments, rows)
+            units.append(
+                functools.partial(segments_forward, *t, segs, setup.causal, setup.scale, o, l)
+            )
+        else:
+            units.append(
+                functools.partial(prefix_forward, *t, setup.prefix or 0, setup.scale, o, l)
+            )
+    run(units, n)
+
+
+def _fast_backward(setup: _Setup, q, k, v, grad_out, out, lse, dq, dk, dv) -> None:
+    """The fast path's backward, in the same units (each writes its own heads' dq, dk, dv)."""
+    n = workers(q, k, v, grad_out, out, dq)
+    units: list[Callable[[], None]] = []
+    for rows, heads, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n):
+        t = (q[rows, heads], k[rows, kv], v[rows, kv])
+        g, o, l = grad_out[rows, heads], out[rows, heads], lse[rows, heads]
+        d = (dq[rows, heads], dk[rows, kv], dv[rows, kv])
+        scale = setup.scale
+        if setup.band is not None:
+            units.append(functools.partial(band_backward, *t, g, o, l, setup.band, scale, *d))
+        elif setup.segments is not None:
+            segs = _segments_of(setup.segments, rows)
+            units.append(
+                functools.partial(segments_backward, *t, g, o, l, segs, setup.causal, scale, *d)
+            )
+        else:
+            units.append(
+                functools.partial(prefix_backward, *t, g, o, l, setup.prefix or 0, scale, *d)
+            )
+    run(units, n)
+
+
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     rows, block, band, segments, prefix_p, structure, causal, scale, dropout = setup
     B, H, tq, _ = q.shape
@@ -203,12 +258,8 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     out = _output_buffer(q, v.shape[3], acc)
     lse = torch.empty((B, H, tq), dtype=acc, device=q.device)
     fused = kernel_runs(q, v) and dropout is None
-    if band is not None:
-        band_forward(q, k, v, band, scale, out, lse)
-    if segments is not None:
-        segments_forward(q, k, v, segments, causal, scale, out, lse)
-    if prefix_p is not None:
-        prefix_forward(q, k, v, prefix_p, scale, out, lse)
+    if band is not None or segments is not None or prefix_p is not None:
+        _fast_forward(setup, q, k, v, out, lse)
     rows_per_block = block if isinstance(block, int) else block[0]
     for i, tiles in rows:
         if not tiles:
@@ -282,12 +333,8 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
     # step; module documents 336 -> 328 ms, prefix 822 -> 812 ms)
     # (B, H, Tq): rowsum(dO * O), which the plain tiles need (the kernel finds its own)
     delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
-    if band is not None:
-        band_backward(q, k, v, grad_out, out, lse, band, scale, dq, dk, dv)
-    if segments is not None:
-        segments_backward(q, k, v, grad_out, out, lse, segments, causal, scale, dq, dk, dv)
-    if prefix_p is not None:
-        prefix_backward(q, k, v, grad_out, out, lse, prefix_p, scale, dq, dk, dv)
+    if band is not None or segments is not None or prefix_p is not None:
+        _fast_backward(setup, q, k, v, grad_out, out, lse, dq, dk, dv)
     for _, tiles in rows:
         for tile in tiles:
             allowed, bias_t, diagonal = _tile_masks(

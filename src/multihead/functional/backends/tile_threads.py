@@ -1,0 +1,165 @@
+"""The tiled backend's work spread over worker threads that each run torch single-threaded.
+
+Why: torch runs each CPU kernel call above a small size as an OpenMP parallel region that
+ends when every thread has finished its static share. The tiled paths make many such calls
+(kernel calls per block chunk, copies, adds, fills), and beside another busy process a
+thread of ours is often descheduled: every region then waits for it. Measured, window 256 at
+T 4096, forward + backward, 2 threads beside a process running matmuls on both cores: the
+copies, adds and fills of ~2 MB took ~26 ms each (0.2 ms alone), the call 25x its ideal.
+Here the work is cut into independent units (a batch row and a group of kv heads: every
+tensor a unit writes is its own) and the units go to `torch.get_num_threads()` workers that
+each run torch with one thread: no kernel call is a parallel region, a descheduled worker
+holds up only its own unit, and the others take the remaining units from the queue. The
+calling thread waits (the GIL is released inside torch's kernels, so the workers' kernels run
+at once; their Python runs one at a time, a small share of a unit).
+
+The workers' one thread: `torch.set_num_threads(1)` inside each worker, once, when the pool is
+made. In torch that also stores the count that threads started later take as their default,
+so the pool then stores back what a fresh thread saw before (a brief, one-time window in which
+another thread that starts using torch, or calls `torch.set_num_threads`, could see or lose a
+count: pools are made once per process and worker count). Nothing is changed per call, and
+the calling thread's own count is never touched.
+
+Runs inline instead (in the calling thread, torch's own threads, as before) when one thread
+is asked for, there is one unit, or the call could see the difference: autograd recording
+(grad mode on, e.g. a backward under create_graph), a torch function or dispatch mode
+(FlopCounterMode, a default device), tensor subclasses, or a call from a worker itself.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import queue
+import threading
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+_lock = threading.Lock()
+_pools: dict[int, _Pool] = {}
+_pid = os.getpid()
+_local = threading.local()  # .worker: this thread is one of ours
+
+
+class _Batch:
+    """One call's units: how many are left, the first error, and a condition to wait on."""
+
+    def __init__(self, n: int):
+        self.left = n
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    def done(self, error: BaseException | None) -> None:
+        with self.cond:
+            self.left -= 1
+            if error is not None and self.error is None:
+                self.error = error
+            if self.left == 0:
+                self.cond.notify_all()
+
+    def wait(self) -> None:
+        with self.cond:
+            while self.left:
+                self.cond.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class _Pool:
+    """`size` daemon threads taking (context, fn, inference mode, batch) from one queue."""
+
+    def __init__(self, size: int):
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        ready = threading.Barrier(size + 1)
+        for i in range(size):
+            name = f"multihead-tiles-{i}"
+            threading.Thread(target=self._loop, args=(ready,), name=name, daemon=True).start()
+        ready.wait()
+
+    def _loop(self, ready: threading.Barrier) -> None:
+        _local.worker = True
+        # torch sets a thread's count on its first use, from the default that the pool then
+        # stores back: that first use comes before ours, or it would undo it
+        torch.get_num_threads()
+        torch.set_num_threads(1)  # this thread's kernels: no parallel regions
+        ready.wait()
+        while True:
+            context, fn, inference, batch = self.tasks.get()
+            error = None
+            try:
+                with torch.inference_mode(inference), torch.no_grad():
+                    context.run(fn)
+            except BaseException as e:  # handed to the caller, raised there
+                error = e
+            batch.done(error)
+
+
+def _fresh_thread_count() -> int:
+    """What a thread that starts using torch now gets as its thread count."""
+    seen: list[int] = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+def _pool(size: int) -> _Pool:
+    global _pid
+    with _lock:
+        if os.getpid() != _pid:  # a forked child: the parent's threads are not here
+            _pools.clear()
+            _pid = os.getpid()
+        pool = _pools.get(size)
+        if pool is None:
+            default = _fresh_thread_count()
+            pool = _pools[size] = _Pool(size)
+            # store back the default for threads started later (set from a thread of its
+            # own, which ends here: no running thread's count changes)
+            t = threading.Thread(target=torch.set_num_threads, args=(default,))
+            t.start()
+            t.join()
+        return pool
+
+
+def workers(*tensors: Tensor | None) -> int:
+    """How many workers a call's units may use: the calling thread's torch thread count, or 1
+    where the units must run inline (see the module docstring)."""
+    if getattr(_local, "worker", False) or torch.is_grad_enabled():
+        return 1
+    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+        return 1
+    if any(t is not None and type(t) is not Tensor for t in tensors):
+        return 1
+    return torch.get_num_threads()
+
+
+def run(units: list[Callable[[], None]], n: int) -> None:
+    """Run the units (each writing tensors no other unit touches) on n workers, or inline
+    when n <= 1 or there is one unit; return when all are done, raising the first error."""
+    if n <= 1 or len(units) <= 1:
+        for unit in units:
+            unit()
+        return
+    pool = _pool(n)
+    batch = _Batch(len(units))
+    inference = torch.is_inference_mode_enabled()
+    for unit in units:
+        pool.tasks.put((contextvars.copy_context(), unit, inference, batch))
+    batch.wait()
+
+
+def head_units(B: int, H: int, Hkv: int, n: int) -> list[tuple[slice, slice, slice]]:
+    """(batch rows, query heads, kv heads) of each unit: groups of whole kv heads (their
+    query heads with them) of one batch row, about 2 n units in all (a descheduled worker's
+    share is taken up by the others); for n = 1 one unit of everything."""
+    if n <= 1:
+        return [(slice(None), slice(None), slice(None))]
+    G = H // Hkv
+    per = min(Hkv, max(1, (B * Hkv) // (2 * n)))
+    return [
+        (slice(b, b + 1), slice(g * G, min(Hkv, g + per) * G), slice(g, min(Hkv, g + per)))
+        for b in range(B)
+        for g in range(0, Hkv, per)
+    ]
