@@ -295,6 +295,30 @@ def test_smollm2_quantized_on_cuda(smollm2_gguf_path, smollm2_plain):
     assert torch.equal(model.generate(ids.cuda(), 6).cpu(), smollm2_plain.generate(ids, 6))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_tiny_files_on_cuda_equal_the_dequantised_model(tmp_path, qtype):
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    if qtype in WRITABLE:
+        write_gguf(path, "llama", qtype)
+    else:
+        write_raw_gguf(path, Q[qtype])
+    plain = multihead.load(path, quantized=False)  # CPU, float32
+    packed = multihead.load(path, device="cuda")
+    attn = packed.layers[1].attn
+    assert isinstance(attn.in_proj, QuantizedLinear)
+    assert attn.in_proj.weight.device.type == "cuda"
+    torch.testing.assert_close(attn.in_proj.weight.cpu(), plain.layers[1].attn.in_proj.weight)
+    ids = torch.tensor([[5, 17, 2, 40, 11, 63, 7], [1, 2, 3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        expected = plain(ids)
+        atol = 1e-4 * float(expected.abs().max())  # cuBLAS sums in another order (TF32 off)
+        torch.testing.assert_close(packed(ids.cuda()).cpu(), expected, rtol=1e-3, atol=atol)
+        torch.testing.assert_close(
+            packed(ids[:, :1].cuda()).cpu(), plain(ids[:, :1]), rtol=1e-3, atol=atol
+        )
+
+
 _RSS_CHILD = r"""
 import json, resource, sys
 import torch, multihead
