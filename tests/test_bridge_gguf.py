@@ -8,6 +8,8 @@ GGUF architectures keep loading natively."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,47 @@ def test_gguf_outside_the_registry_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", _no_tensor_read)
     with pytest.raises(ValueError, match=r"FalconForCausalLM \(model_type 'falcon'\).*registry"):
         load(path)
+
+
+def test_cli_inspect_and_heads_load_the_gguf_through_the_bridge(starcoder2, tmp_path, capsys):
+    """The command line takes multihead.load's path: the bridged GGUF is a causal LM subject
+    whose tokens are transformers' reading of the file's metadata."""
+    from multihead.cli import main
+
+    folder, _, path = starcoder2
+    text = "def add(a, b): return a + b"
+    out = tmp_path / "r.json"
+    assert main(["inspect", text, "--model", str(path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].startswith(f"{path}: causal LM, 2 layers x 4 heads, ")
+    data = json.loads(out.read_text())
+    assert data["kind"] == "causal LM"
+    reference = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = reference(text, add_special_tokens=False)["input_ids"]
+    # BOS (config bos_token_id 0) first, then the text as transformers tokenises it
+    assert data["tokens"][0] == reference.convert_ids_to_tokens(0)
+    assert len(data["tokens"]) == len(ids) + 1
+    assert data["special"][:2] == [True, False]
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("x = 1\nfor i in range(3): print(i)\n")
+    assert main(["heads", "--corpus", str(corpus), "--model", str(path)]) == 0
+    assert "L1 H3" in capsys.readouterr().out
+
+
+def test_cli_refuses_the_unreadable_gguf_as_load_does(tmp_path, monkeypatch, capsys):
+    from multihead.cli import main
+
+    path = tmp_path / "nonesuch.gguf"
+    _gguf(path, "nonesuch")
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", _no_tensor_read)
+    with pytest.raises(ValueError) as raised:
+        load(path)
+    assert main(["inspect", "some text", "--model", str(path), "-o", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"multihead: error: {raised.value}"]
+    assert "unsupported architecture 'nonesuch'" in err[0]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("x = 1\n")
+    assert main(["heads", "--corpus", str(corpus), "--model", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == err

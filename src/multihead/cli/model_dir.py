@@ -43,10 +43,29 @@ def check_model(name: str, *, tokenizer: bool = True) -> ModelDir:
     `tokenizer=False`: a decoder benchmarked on random token ids needs none); the library's
     error, unchanged, as a usage error."""
     try:
-        files = check_model_files(name, tokenizer=tokenizer)
+        files = check_model_files(name, tokenizer=tokenizer, architecture=_bridged_gguf)
     except (ModelNotFoundError, ModelCheckError) as e:
         raise UsageError(str(e)) from None
-    return ModelDir(files.name, files.path, files.config, files.transformer_dir, files.is_gguf)
+    return ModelDir(
+        files.name,
+        files.path,
+        files.config,
+        files.transformer_dir,
+        files.is_gguf,
+        files.gguf_architecture,
+    )
+
+
+def _bridged_gguf(model: ModelFiles) -> None:
+    """A GGUF file whose general.architecture no native family reads is checked as
+    `multihead.load` checks it (`pretrained.auto.check_architecture`: can the bridge build it;
+    the same error otherwise), so it loads through the bridge as `multihead.load` loads it.
+    Directories keep the commands' own checks (torch and transformers are imported only here)."""
+    if model.gguf_architecture is None:
+        return
+    from ..pretrained.auto import check_architecture
+
+    check_architecture(model)
 
 
 def load_sentence_encoder(model: ModelDir, command: str):

@@ -304,10 +304,7 @@ def load_subject(
 
     source = resolve_model(path)
     if source.is_gguf:  # a decoder whose tokenizer is in its metadata
-        lm = load_causal_lm(source.path, dtype=dtype, device=device)
-        if lm.tokenizer is None:
-            raise ValueError(f"{str(source.path)!r} carries no tokenizer (tokenizer.ggml.*)")
-        return CausalLMSubject(lm, lm.tokenizer.tokenizer, bos_id=lm.tokenizer.bos_id)
+        return _gguf_subject(source.path, dtype, device)
     model_dir = resolve_model_dir(source.path)
     config = read_json(model_dir / "config.json")
     if config.get("model_type") in ENCODER_TYPES:
@@ -325,3 +322,36 @@ def load_subject(
             )
     tokenizer = read_tokenizer(model_dir)
     return CausalLMSubject(model, tokenizer, bos_id=bos_token_id(tokenizer, config))  # type: ignore[arg-type]
+
+
+def _gguf_subject(
+    path: Path, dtype: torch.dtype | None, device: torch.device | str | None
+) -> CausalLMSubject:
+    """A GGUF file as `multihead.load` reads it (the one resolver: a native architecture as a
+    `CausalLM`, any other through the bridge, or its error), with the tokenizer its metadata
+    holds: the native reader's, or transformers' reading (its fast tokenizer's backend)."""
+    from ..pretrained.auto import load
+
+    model: Any = load(path, dtype=dtype, device=device)
+    missing = ValueError(f"{str(path)!r} carries no tokenizer (tokenizer.ggml.*)")
+    if isinstance(model, CausalLM):
+        carried: Any = model.tokenizer  # a GGUFTokenizer
+        if carried is None:
+            raise missing
+        return CausalLMSubject(model, carried.tokenizer, bos_id=carried.bos_id)
+    if not getattr(model.config, "causal", False):
+        raise ValueError(
+            f"{str(path)!r}: architecture {getattr(model.hf.config, 'model_type', None)!r} is "
+            "not a causal LM; inspection reads BERT-family encoders and causal LMs"
+        )
+    hf_tokenizer = getattr(model, "tokenizer", None)
+    if hf_tokenizer is None:
+        raise missing
+    tokenizer = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValueError(
+            f"{str(path)!r}: transformers read its tokenizer as {type(hf_tokenizer).__name__}, "
+            "which has no fast (tokenizers) backend; inspection needs one"
+        )
+    config = {"bos_token_id": getattr(model.hf.config, "bos_token_id", None)}
+    return CausalLMSubject(model, tokenizer, bos_id=bos_token_id(tokenizer, config))

@@ -44,7 +44,7 @@ def load(
     whole model at load, as 0.3 did."""
     # fast, and the same checks and messages as the command line's --model (any model_type:
     # what no native family reads goes to the bridge, which refuses by name what it cannot route)
-    model = check_model(source, architecture=_native_or_bridged)
+    model = check_model(source, architecture=check_architecture)
     if model.gguf_architecture is not None:  # a GGUF no native family reads
         return load_through_bridge(model.path, model.path, model.gguf_architecture, dtype, device)
     if model.is_gguf:  # a native GGUF architecture
@@ -57,10 +57,11 @@ def load(
     return load_through_bridge(model.path, config_file, model.model_type, dtype, device)
 
 
-def _native_or_bridged(model: ModelFiles) -> None:
-    """Checked as soon as config.json is read, before the files: a model_type no native family
-    reads must be one the bridge can build (transformers is imported only then); so must a GGUF
-    file's general.architecture no native family reads (its header only)."""
+def check_architecture(model: ModelFiles) -> None:
+    """`check_model`'s `architecture` hook for `multihead.load` (and the command line's GGUF
+    files): checked as soon as config.json is read, before the files: a model_type no native
+    family reads must be one the bridge can build (transformers is imported only then); so must
+    a GGUF file's general.architecture no native family reads (its header only)."""
     if model.gguf_architecture is not None:
         _bridge(model.path, model.gguf_architecture).bridged_gguf_class(model.path)
         return
