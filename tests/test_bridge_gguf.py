@@ -130,7 +130,9 @@ def test_gguf_outside_the_registry_is_refused_by_name(tmp_path, monkeypatch):
         load(path)
 
 
-def test_cli_inspect_and_heads_load_the_gguf_through_the_bridge(starcoder2, tmp_path, capsys):
+def test_cli_inspect_heads_and_syntax_load_the_gguf_through_the_bridge(
+    starcoder2, tmp_path, capsys
+):
     """The command line takes multihead.load's path: the bridged GGUF is a causal LM subject
     whose tokens are transformers' reading of the file's metadata."""
     from multihead.cli import main
@@ -146,14 +148,22 @@ def test_cli_inspect_and_heads_load_the_gguf_through_the_bridge(starcoder2, tmp_
     reference = transformers.AutoTokenizer.from_pretrained(folder)
     ids = reference(text, add_special_tokens=False)["input_ids"]
     # BOS (config bos_token_id 0) first, then the text as transformers tokenises it
-    assert data["tokens"][0] == reference.convert_ids_to_tokens(0)
-    assert len(data["tokens"]) == len(ids) + 1
+    expected = [reference.convert_ids_to_tokens(0), *(reference.decode([i]) for i in ids)]
+    assert data["tokens"] == expected
     assert data["special"][:2] == [True, False]
+    assert "Roles measured on this text" in printed and "L1 H3" in printed
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("x = 1\nfor i in range(3): print(i)\n")
     assert main(["heads", "--corpus", str(corpus), "--model", str(path)]) == 0
     assert "L1 H3" in capsys.readouterr().out
+    treebank = tmp_path / "t.conllu"
+    treebank.write_text(
+        "# text = x = y\n1\tx\tx\tNOUN\t_\t_\t2\tnsubj\t_\t_\n"
+        "2\t=\t=\tVERB\t_\t_\t0\troot\t_\t_\n3\ty\ty\tNOUN\t_\t_\t2\tobj\t_\t_\n\n"
+    )
+    assert main(["syntax", str(treebank), "--model", str(path), "--min-count", "1"]) == 0
+    assert "2 layers x 4 heads, 1 sentences" in capsys.readouterr().out
 
 
 def test_cli_refuses_the_unreadable_gguf_as_load_does(tmp_path, monkeypatch, capsys):
