@@ -182,3 +182,17 @@ def test_cli_refuses_the_unreadable_gguf_as_load_does(tmp_path, monkeypatch, cap
     corpus.write_text("x = 1\n")
     assert main(["heads", "--corpus", str(corpus), "--model", str(path)]) == 2
     assert capsys.readouterr().err.splitlines() == err
+
+
+def test_cli_refuses_an_encoder_decoder_gguf_before_loading(tmp_path, monkeypatch, capsys):
+    """T5: transformers reads its GGUF files and the bridge routes it, but inspection reads
+    causal LMs: refused by its general.architecture before any tensor is read."""
+    from multihead.cli import main
+
+    path = tmp_path / "t5.gguf"
+    _gguf(path, "t5")
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", _no_tensor_read)
+    assert main(["inspect", "some text", "--model", str(path), "-o", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("multihead: error: model ")
+    assert "general.architecture 't5', an encoder-decoder" in err[0]

@@ -90,13 +90,16 @@ def load_subject(model: ModelDir, command: str):
     architectures through the bridge (which refuses, by name, those it cannot route). An
     encoder-decoder is refused here, before anything loads."""
     native = ENCODER_TYPES + CAUSAL_LM_TYPES
-    if model.model_type not in native and is_encoder_decoder(model.config):
+    # a bridged GGUF file has no config.json: its general.architecture names the model_type
+    config = {"model_type": model.gguf_architecture} if model.gguf_architecture else model.config
+    kind = config.get("model_type")
+    if kind not in native and is_encoder_decoder(config):
+        says = "general.architecture" if model.gguf_architecture else "config.json says model_type"
         raise model.error(
             f"`multihead {command}` reads BERT-family encoders (model_type "
             f"{', '.join(map(repr, ENCODER_TYPES))}) and causal LMs (model_type "
             f"{', '.join(map(repr, CAUSAL_LM_TYPES))} natively, other decoder-only models "
-            f"through the bridge); this model's config.json says model_type "
-            f"{model.model_type!r}, an encoder-decoder"
+            f"through the bridge); this model's {says} {kind!r}, an encoder-decoder"
         )
     from ..interpret.subject import EncoderSubject
     from ..interpret.subject import load_subject as load
