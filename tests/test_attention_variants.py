@@ -191,3 +191,14 @@ def test_compile_fullgraph_default_path():
 def test_backends_listed_are_covered():
     # a backend registered later must be added to the parametrisation above
     assert set(available_backends()) <= {"eager", "sdpa", "tiled", "flex"}
+
+
+def test_packed_sequences_refuse_q_k_norms_by_name():
+    """Qwen3's q/k norms are not applied on the packed path: refused, naming them."""
+    from multihead.modules import TransformerBlock
+
+    block = TransformerBlock(
+        16, 4, 32, norm_first=True, norm="rmsnorm", mlp="swiglu", causal=True, qk_norm="head"
+    )
+    with pytest.raises(ValueError, match=r"q/k norms .*packed sequences"):
+        block(torch.randn(6, 16), lengths=[3, 3])

@@ -204,3 +204,31 @@ def test_the_scale_is_the_same_cached_or_recomputed(run):
             cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input),
             **NORM_TOL,
         )
+
+
+def test_a_parallel_block_s_mlp_input_is_the_block_input():
+    """GPT-NeoX's parallel residual: ln2 reads resid_pre, not resid_mid (which holds the
+    block's attention). mlp_input=True must decompose and normalise the stream ln2 reads,
+    checked against ln2's own output, with the scale cached or recomputed."""
+    config = LMConfig(
+        vocab_size=V, dim=24, num_layers=L, num_heads=H, ffn_dim=28, position="rope",
+        parallel_residual=True,
+    )  # fmt: skip
+    torch.manual_seed(12)
+    model = CausalLM(config, dtype=torch.float64).eval()
+    ids = torch.randint(0, V, (B, T))
+    with torch.no_grad():
+        _, cache = run_with_cache(model, ids, names=lambda n: True)
+    bare = ActivationCache({k: v for k, v in cache.items() if "hook_scale" not in k}, model)
+    norm2 = model.layers[1].norm2
+    for c in (cache, bare):
+        parts = c.decompose_resid(1, mlp_input=True)
+        torch.testing.assert_close(parts.sum(0), cache["resid_pre", 1], **TOL)
+        normed = c.apply_ln_to_stack(parts, 1, mlp_input=True).sum(0)
+        torch.testing.assert_close(
+            normed * norm2.weight + norm2.bias, cache["blocks.1.ln2.hook_normalized"], **NORM_TOL
+        )
+        full = c.get_full_resid_decomposition(1, mlp_input=True)
+        torch.testing.assert_close(full.sum(0), cache["resid_pre", 1], **TOL)
+    stack = cache.accumulated_resid(1, mlp_input=True)
+    torch.testing.assert_close(stack[-1], cache["resid_pre", 1], **TOL)

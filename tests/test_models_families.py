@@ -292,3 +292,22 @@ def test_tensor_parallel_refuses_what_it_cannot_split():
     from helpers_parallel import run_world
 
     run_world(_tensor_parallel_refuses, 1)
+
+
+def test_windowed_layers_rotate_the_same_part_of_each_head():
+    """A partial rotary (rotary_dim, GPT-NeoX / Phi-3) holds in the windowed layers that rotate
+    with their own base (local_rope_theta, Gemma 3): with that base equal to the global one,
+    the model is the one without a local base."""
+    from multihead.modules import CausalLM as LM
+    from multihead.modules import LMConfig
+
+    base = LMConfig(vocab_size=37, dim=32, num_layers=2, num_heads=2, ffn_dim=16,
+                    position="rope", rope_theta=100.0, rotary_dim=8, sliding_window=3,
+                    full_attention_layers=(1,), norm="rmsnorm", mlp="swiglu", bias=False)  # fmt: skip
+    torch.manual_seed(0)
+    plain = LM(base).eval()
+    local = LM(dataclasses.replace(base, local_rope_theta=100.0)).eval()
+    local.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 37, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(local(ids), plain(ids))

@@ -112,3 +112,21 @@ def test_syntax_reads_modernbert(tmp_path):
     out = tmp_path / "syntax.json"
     assert main(["syntax", "--model", str(tmp_path / "model"), "-o", str(out)]) == 0
     assert out.stat().st_size > 100
+
+
+def test_fold_and_centre_keep_the_output(tmp_path):
+    """TransformerLens' weight processing on ModernBERT (LayerNorm; its first layer has no
+    norm before attention, an Identity): the final hidden states are unchanged, and the
+    writers are centred (a LayerNorm model, though block 0's ln1 is no LayerNorm)."""
+    from multihead.modules.folding import process_weights_
+
+    save(tmp_path, biases=True)
+    encoder = load_encoder(tmp_path).model
+    ids = torch.randint(4, 30, (2, 9))
+    with torch.no_grad():
+        want = encoder(ids).last_hidden_state
+        process_weights_(encoder, center_unembed=False)
+        got = encoder(ids).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    down = encoder.layers[0].ffn.down.weight.detach()  # (C, hidden): each column's mean over C is 0
+    assert float(down.mean(0).abs().max()) < 1e-6

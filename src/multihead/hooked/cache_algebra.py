@@ -122,7 +122,7 @@ class CacheAlgebra:
                 continue
             parts.append(self._act(f"blocks.{i}.hook_resid_pre"))
             labels.append(f"{i}_pre")
-            if (incl_mid and i < layer) or (mlp_input and i == layer):
+            if (incl_mid and i < layer) or (mlp_input and i == layer and self._mlp_reads_mid(i)):
                 parts.append(self._act(f"blocks.{i}.hook_resid_mid"))
                 labels.append(f"{i}_mid")
         stack = torch.stack([_slice(p, pos_slice, -2) for p in parts])
@@ -144,11 +144,13 @@ class CacheAlgebra:
     ) -> Tensor | tuple[Tensor, list[str]]:
         """The stream that enters block `layer` as the outputs that wrote it: "embed",
         "pos_embed" (learned positions), then "{l}_attn_out" and "{l}_mlp_out" per block
-        (`mode` "attn"/"mlp" keeps one kind); `mlp_input` adds block `layer`'s attention.
+        (`mode` "attn"/"mlp" keeps one kind); `mlp_input` adds block `layer`'s attention (not
+        in a parallel block: its MLP reads resid_pre).
         Summed, they are `resid_pre` of `layer` (the final stream for None/-1/n_layers)."""
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
         layer = self._layer(layer)
+        mlp_input = mlp_input and self._mlp_reads_mid(layer)  # (a parallel MLP reads resid_pre)
         parts: list[Tensor] = []
         labels: list[str] = []
         if incl_embeds:
@@ -235,6 +237,7 @@ class CacheAlgebra:
         lm = self._lm()
         heads, labels = self.stack_head_results(layer, return_labels=True, pos_slice=pos_slice)
         parts, names = [heads], list(labels)
+        mlp_input = mlp_input and self._mlp_reads_mid(layer)  # (a parallel MLP reads resid_pre)
         if mlp_input and layer < self.n_layers:
             more = _slice(self._head_results(layer), pos_slice, -3).movedim(-2, 0)
             parts.append(more)
@@ -258,11 +261,19 @@ class CacheAlgebra:
 
     # ---- norms and directions ------------------------------------------------------------
 
+    def _mlp_reads_mid(self, layer: int) -> bool:
+        """Whether block `layer`'s MLP reads resid_mid: not in a parallel block (GPT-NeoX's
+        use_parallel_residual), whose MLP reads the block's input, resid_pre."""
+        if layer >= self.n_layers or self.model is None:
+            return True
+        return not getattr(self._lm().layers[layer], "parallel", False)
+
     def _stream_before(self, layer: int, mlp_input: bool) -> Tensor:
         """The stream the norm in front of `layer` reads (the final norm for n_layers)."""
         if layer == self.n_layers:
             return self._act(f"blocks.{layer - 1}.hook_resid_post")
-        return self._act(f"blocks.{layer}.hook_resid_{'mid' if mlp_input else 'pre'}")
+        mid = mlp_input and self._mlp_reads_mid(layer)
+        return self._act(f"blocks.{layer}.hook_resid_{'mid' if mid else 'pre'}")
 
     def _norm(self, layer: int, mlp_input: bool) -> tuple[nn.Module, str]:
         lm = self._lm()

@@ -296,7 +296,8 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         )
         if self._variant and (self._sequence_parallel is not None or lengths is not None):
             raise ValueError(
-                "scale=, softcap= and sinks= are not supported with packed sequences (lengths=) "
+                "scale=, softcap=, sinks= and q/k norms (q_norm, k_norm) are not supported with "
+                "packed sequences (lengths=) "
                 "or sequence parallelism: run the padded batch"
             )
         if self._sequence_parallel is not None:  # this rank holds a chunk of the sequence

@@ -65,7 +65,9 @@ def process_weights_(
         )
     parts: dict[str, Any] = model.weight_parts()  # type: ignore[operator]
     final = _final_norm(model)
-    layer_norm = isinstance(blocks[0].norm1, LayerNorm) if blocks else isinstance(final, LayerNorm)
+    # (the first norm the blocks have: OLMo 2 has no norm1, ModernBERT's layer 0 an Identity)
+    norms = [n for b in blocks for n in (b.norm1, b.norm2) if _is_norm(n)]
+    layer_norm = isinstance(norms[0] if norms else final, LayerNorm)
     if not layer_norm and center_writing_weights:
         warnings.warn(
             "center_writing_weights is skipped for RMSNorm models: RMSNorm does not remove the "
@@ -78,10 +80,11 @@ def process_weights_(
         _untie(model, head, parts.get("embed"))
     with torch.no_grad():
         if fold_ln:
-            for block in blocks:  # (OLMo 2 has no norm before its branches: nothing to fold)
-                if block.norm1 is not None:
+            for block in blocks:  # (OLMo 2 has no norm before its branches, ModernBERT's
+                # first layer an Identity before attention: nothing to fold there)
+                if _is_norm(block.norm1):
                     _fold(block, "norm1", _attention_readers(block))
-                if block.ffn is not None and block.norm2 is not None:
+                if block.ffn is not None and _is_norm(block.norm2):
                     _fold(block, "norm2", _mlp_readers(block.ffn))
             if final is not None and head is not None:  # a headless stack's output is the norm's
                 _fold(model, _final_name(model), [head])
@@ -119,6 +122,10 @@ def _check_foldable(model: nn.Module, blocks: list[TransformerBlock], norms: boo
                 f"layer {i} has cross-attention, whose keys do not read this stream's norm: "
                 "fold_ln and center_writing_weights support self-attention stacks"
             )
+
+
+def _is_norm(module: nn.Module | None) -> bool:
+    return isinstance(module, (LayerNorm, RMSNorm))
 
 
 def _final_name(model: nn.Module) -> str:

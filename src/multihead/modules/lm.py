@@ -136,9 +136,14 @@ class CausalLM(ModelWeights, nn.Module):
             else None
         )
 
-        # Gemma 3: the windowed layers rotate with their own base (and no scaling)
+        # Gemma 3: the windowed layers rotate with their own base (and no scaling), the same
+        # leading part of each head as the others
         local = (
-            RotaryEmbedding(config.head_dim or C // H, base=config.local_rope_theta)
+            RotaryEmbedding(
+                config.head_dim or C // H,
+                base=config.local_rope_theta,
+                rotary_dim=config.rotary_dim,
+            )
             if rope is not None and config.local_rope_theta is not None
             else None
         )
