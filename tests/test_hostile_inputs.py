@@ -139,7 +139,7 @@ def test_named_pipe_without_writer_as_model_is_refused_without_blocking(tmp_path
     done = _in_a_child(["inspect", "a text", "--model", str(fifo)])
     assert done.returncode == 2, done.stderr[-2000:]
     err = done.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("multihead: error: --model"), err
+    assert len(err) == 1 and err[0].startswith("multihead: error: model "), err
     assert "not a regular file" in err[0]
 
 

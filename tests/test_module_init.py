@@ -149,7 +149,7 @@ def test_attention_only_block_has_no_mlp():
     lm = CausalLM(LMConfig(vocab_size=20, dim=16, num_layers=2, num_heads=4, attention_only=True))
     assert all(b.ffn is None for b in lm.layers)
     assert not any("ffn" in k or "norm2" in k for k in lm.state_dict())
-    with pytest.raises(ValueError, match="'gelu', 'swiglu' or 'none'"):
+    with pytest.raises(ValueError, match="'gelu', 'swiglu', 'gated', 'geglu' or 'none'"):
         TransformerBlock(16, 4, 32, mlp="mlp")
 
 
