@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .fields import Fields
-from .llama.config import rope_settings
+from .rope_config import rope_settings
 
 LAYER_KINDS = ("full_attention", "sliding_attention")
 
@@ -46,11 +46,12 @@ def refuse_foreign_keys(f: Fields) -> None:
                 )
 
 
-def decoder_sizes(
-    f: Fields, kv_default: int | None, positions_default: int, head_dim_default: int | None = None
-) -> dict[str, Any]:
-    """vocab_size, dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim,
-    max_positions, norm_eps, checked against each other."""
+def attention_geometry(
+    f: Fields, kv_default: int | None, head_dim_default: int | None = None
+) -> tuple[int, int, int, int]:
+    """hidden_size, num_attention_heads, num_key_value_heads (default `kv_default`, else the
+    heads) and head_dim (default `head_dim_default`, else hidden_size / heads), checked against
+    each other; RoPE needs an even head_dim."""
     mt = f.model_type
     dim, heads = f.int("hidden_size"), f.int("num_attention_heads")
     if heads > dim:
@@ -73,6 +74,15 @@ def decoder_sizes(
         head_dim = dim // heads
     if head_dim % 2:
         raise ValueError(f"config.json ({mt}): RoPE needs an even head_dim, got {head_dim}")
+    return dim, heads, kv_heads, head_dim
+
+
+def decoder_sizes(
+    f: Fields, kv_default: int | None, positions_default: int, head_dim_default: int | None = None
+) -> dict[str, Any]:
+    """vocab_size, dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim,
+    max_positions, norm_eps, checked against each other."""
+    dim, heads, kv_heads, head_dim = attention_geometry(f, kv_default, head_dim_default)
     return {
         "vocab_size": f.int("vocab_size"),
         "dim": dim,

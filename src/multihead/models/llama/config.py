@@ -10,6 +10,7 @@ classes. RoPE settings (either spelling, every scaling type): see models/rope_co
 from __future__ import annotations
 
 from ...modules.lm import LMConfig
+from ..decoder_fields import attention_geometry
 from ..fields import Fields
 from ..rope_config import rope_settings, rotary_fraction
 
@@ -51,31 +52,8 @@ def llama_family_config(config: dict) -> LMConfig:
     # GPT-NeoX's keys in a config of this family: a config mixing families
     f.refuse("use_parallel_residual", lambda v: not v, "parallel attention and MLP (GPT-NeoX)")
     f.refuse("rotary_pct", lambda v: v == 1, "GPT-NeoX's rotary_pct (here: partial_rotary_factor)")
-    dim, heads, layers = (
-        f.int("hidden_size"),
-        f.int("num_attention_heads"),
-        f.int("num_hidden_layers"),
-    )
-    if heads > dim:  # every released model has far fewer heads than channels
-        raise ValueError(
-            f"config.json ({model_type}): num_attention_heads {heads!r} exceeds hidden_size {dim}"
-        )
-    kv_heads = f.int("num_key_value_heads", kv_default or heads)
-    if heads % kv_heads:
-        raise ValueError(
-            f"config.json ({model_type}): num_key_value_heads {kv_heads} must divide "
-            f"num_attention_heads {heads}"
-        )
-    head_dim = f.int("head_dim", None)
-    if head_dim is None:
-        if dim % heads:
-            raise ValueError(
-                f"config.json ({model_type}): hidden_size {dim} is not divisible by "
-                f"num_attention_heads {heads} and no head_dim is given"
-            )
-        head_dim = dim // heads
-    if head_dim % 2:
-        raise ValueError(f"config.json ({model_type}): RoPE needs an even head_dim, got {head_dim}")
+    dim, heads, kv_heads, head_dim = attention_geometry(f, kv_default)
+    layers = f.int("num_hidden_layers")
     max_positions = f.int("max_position_embeddings", positions_default)
     partial = model_type in PARTIAL_ROTARY
     theta, scaling = rope_settings(f, max_positions, partial=partial)
