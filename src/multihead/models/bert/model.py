@@ -22,6 +22,22 @@ from ...value_checks import check_token_ids
 from .config import BertConfig
 
 
+def check_packed_input(
+    input_ids: Tensor, packed: VarLen, attention_mask: Tensor | None, return_weights: bool
+) -> None:
+    """An encoder's packed call (lengths=): tokens (N,) that `packed` covers, and nothing that
+    belongs to padded (B, T) input."""
+    if attention_mask is not None or return_weights:
+        raise ValueError(
+            "packed input (lengths) has no padding: attention_mask and return_weights "
+            "belong to padded (B, T) input"
+        )
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 1:
+        got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
+        raise ValueError(f"with lengths, input_ids must be packed tokens (N,), got {got}")
+    packed.check(input_ids, "input_ids")
+
+
 class EncoderOutput(NamedTuple):
     last_hidden_state: Tensor  # (B, T, C); packed input: (N, C)
     attentions: tuple[Tensor, ...] | None  # per layer (B, H, T, T), when asked for
@@ -223,15 +239,7 @@ class BertEncoder(ModelWeights, nn.Module):
         attention_mask: Tensor | None,
         return_weights: bool,
     ) -> EncoderOutput:
-        if attention_mask is not None or return_weights:
-            raise ValueError(
-                "packed input (lengths) has no padding: attention_mask and return_weights "
-                "belong to padded (B, T) input"
-            )
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 1:
-            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
-            raise ValueError(f"with lengths, input_ids must be packed tokens (N,), got {got}")
-        packed.check(input_ids, "input_ids")
+        check_packed_input(input_ids, packed, attention_mask, return_weights)
         if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
             raise ValueError(
                 f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "

@@ -23,7 +23,7 @@ from ...modules.model_weights import ModelWeights
 from ...modules.norm import LayerNorm
 from ...positional.rope import RotaryEmbedding
 from ...value_checks import check_token_ids
-from ..bert.model import EncoderOutput
+from ..bert.model import EncoderOutput, check_packed_input
 from .config import ModernBertConfig
 
 
@@ -162,15 +162,7 @@ class ModernBertEncoder(ModelWeights, nn.Module):
         attention_mask: Tensor | None,
         return_weights: bool,
     ) -> EncoderOutput:
-        if attention_mask is not None or return_weights:
-            raise ValueError(
-                "packed input (lengths) has no padding: attention_mask and return_weights "
-                "belong to padded (B, T) input"
-            )
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 1:
-            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
-            raise ValueError(f"with lengths, input_ids must be packed tokens (N,), got {got}")
-        packed.check(input_ids, "input_ids")
+        check_packed_input(input_ids, packed, attention_mask, return_weights)
         device = input_ids.device
         n, longest = len(packed.lengths), max(packed.lengths, default=0)
         rows = torch.repeat_interleave(
