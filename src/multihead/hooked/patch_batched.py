@@ -5,9 +5,10 @@ Patching an activation of block l leaves blocks 0..l-1 of the corrupted run unch
 corrupted run is made once (with its residual stream cached before every block); the patches of
 block l then start from the cached stream before block l, tiled along the batch, one copy per
 patch, and only blocks l..L-1, the final norm and the head run. Heads are patched at hook_z by a
-mask over (patch, position, head); residual streams are patched before the suffix runs, with no
-hook. The metric reads each patch's own B rows of the logits, exactly the output a one-by-one
-forward would give it (up to float rounding of the larger matmuls).
+mask over (patch, position, head), queries at hook_q and keys at hook_k alike; residual streams
+are patched before the suffix runs, with no hook. The metric reads each patch's own B rows of the
+logits, exactly the output a one-by-one forward would give it (up to float rounding of the larger
+matmuls).
 
 Shapes: tiled batch N * B (patch-major: rows k*B .. k*B+B-1 belong to patch k); hook_z (N*B, T,
 H, D) viewed as (N, B, T, H, D); logits (N*B, T, V).
@@ -123,13 +124,15 @@ class BatchedPatcher:
         attention_mask: Tensor | None,
         value: Callable[[Any], float],
         per_forward: int | None,
+        points: tuple[str, ...] = ("z",),
     ) -> None:
+        """`points`: the per-head hook points ("z", "q", "k") whose clean values are cached."""
         self.model, self.value = model, value
         self.B, self.T = corrupted_ids.shape
         L = len(model.layers)
         streams = [act_name("resid_pre", i) for i in range(L)]
         streams.append(act_name("resid_post", L - 1))
-        zs = [act_name("z", i) for i in range(L)]
+        zs = [act_name(point, i) for point in points for i in range(L)]
         mask = attention_mask
         _, self.clean = run_with_cache(model, clean_ids, names=streams + zs, attention_mask=mask)
         _, self.corrupted = run_with_cache(model, corrupted_ids, names=streams, attention_mask=mask)
@@ -149,9 +152,10 @@ class BatchedPatcher:
         B = self.B
         return [self.value(logits[k * B : (k + 1) * B]) for k in range(n)]
 
-    def heads(self, layer: int, by_position: bool) -> Tensor:
-        """Metric with each head of `layer` (at each position) patched: (H,) or (H, T)."""
-        name = act_name("z", layer)
+    def heads(self, layer: int, by_position: bool, point: str = "z") -> Tensor:
+        """Metric with each head of `layer` (at each position) patched at hook_{point} (z, q,
+        or k: its H, or Hkv key/value heads): (H,) or (H, T)."""
+        name = act_name(point, layer)
         clean_z = self.clean[name]  # (B, T, H, D)
         _, T, H, _ = clean_z.shape
         # patch k sets head k // T at position k % T (by position), or head k everywhere

@@ -10,8 +10,11 @@ run, and the metric is read: recovered = (metric(patched) - metric(corrupted)) /
 (metric(clean) - metric(corrupted)). 1 means the activation alone restores the clean behaviour,
 0 that it carries none of the difference. Heads are patched through `hook_z` (each head's output
 before the output projection), at every position, or one position at a time with
-`head_positions=True`; residual streams (`resid=("resid_pre", "resid_post")`) one block and one
-position at a time, without gradients. Two engines give the same fractions: the batched one
+`head_positions=True`; each head's query and key (`qk=("q", "k")`: hook_q per query head,
+hook_k per key/value head, so under grouped-query attention a key node is a kv head read by
+H / Hkv query heads) at every position, or one position at a time with `head_positions=True`;
+residual streams (`resid=("resid_pre", "resid_post")`) one block and one position at a time,
+without gradients. Two engines give the same fractions: the batched one
 (default for a CausalLM in eval mode: many patches per forward, the unchanged prefix of layers
 run once; `patch_batched.py`) and the loop (one whole forward per patch, any model). Inside a
 context that holds hooks on the model (`hooks()`, `capture`, `head_gates`), "auto" takes the loop,
@@ -19,6 +22,7 @@ which runs every forward under those hooks, and engine="batched" is refused nami
 estimate of every patch from one forward and one backward, see `attribution_patch`.
 
 Shapes: clean and corrupted inputs alike (B, T); heads (L, H); head_positions (L, H, T);
+qk["q"] (L, H), qk["k"] (L, Hkv), qk["q_positions"] (L, H, T), qk["k_positions"] (L, Hkv, T);
 resid[name] (L, T). L counts attention modules as `head_gates` rows do (blocks for CausalLM,
 BERT and Encoder stacks).
 """
@@ -38,7 +42,7 @@ from .ablation import replace_heads
 from .hooks import act_name, hook_names, run_with_cache, run_with_hooks, unwrap
 from .metric_checks import check_metric_pair
 from .patch_batched import BatchedPatcher, batched_refusal
-from .scope import attention_hook_names
+from .scope import attention_hook_names, attention_modules
 
 Metric = Callable[[Any], "Tensor | float"]
 
@@ -53,11 +57,15 @@ class PatchResult:
     head_positions: Tensor | None = None  # (L, H, T)
     resid: dict[str, Tensor] = field(default_factory=dict)  # name -> (L, T)
     layer_names: tuple[str, ...] = ()  # the hook_z name of each row of `heads`
+    # "q", "k" -> (L, H) / (L, Hkv); "q_positions", "k_positions" -> (L, H or Hkv, T)
+    qk: dict[str, Tensor] = field(default_factory=dict)
+    note: str = ""  # what the values are, where an estimate made them (shown by table())
 
     def sections(self) -> list[str]:
-        """The kinds of patch this result holds: "heads", "head_positions", then its streams."""
+        """The kinds of patch this result holds: "heads", "head_positions", its query/key
+        nodes ("q", "k", "q_positions", "k_positions"), then its streams."""
         kinds = [k for k in ("heads", "head_positions") if getattr(self, k) is not None]
-        return kinds + list(self.resid)
+        return kinds + list(self.qk) + list(self.resid)
 
     def _entries(self, kind: str) -> list[tuple[str, float]]:
         if kind == "heads" and self.heads is not None:
@@ -71,6 +79,21 @@ class PatchResult:
                 for i in range(L)
                 for h in range(H)
                 for p in range(T)
+            ]
+        if kind in self.qk:
+            grid, point = self.qk[kind], kind[0]
+            label = "H" if point == "q" else "KV"
+            if grid.dim() == 2:
+                return [
+                    (f"{point} L{i} {label}{h}", float(grid[i, h]))
+                    for i in range(grid.shape[0])
+                    for h in range(grid.shape[1])
+                ]
+            return [
+                (f"{point} L{i} {label}{h} pos {p}", float(grid[i, h, p]))
+                for i in range(grid.shape[0])
+                for h in range(grid.shape[1])
+                for p in range(grid.shape[2])
             ]
         if kind in self.resid:
             grid = self.resid[kind]
@@ -87,6 +110,8 @@ class PatchResult:
         another; `kind` shows only the kinds named (see `sections()`)."""
         kinds = self.sections() if kind is None else [kind] if isinstance(kind, str) else kind
         lines = [f"metric: clean {self.clean:.4g}, corrupted {self.corrupted:.4g}"]
+        if self.note:
+            lines.append(self.note)
         for k in kinds:
             entries = sorted(self._entries(k), key=lambda e: -abs(e[1]))
             rows = [[where, f"{value:.3f}"] for where, value in entries[:top]]
@@ -124,6 +149,28 @@ def _patch_positions(clean: Tensor, position: int) -> Callable[[Tensor, str], Te
     return fn
 
 
+def qk_points(qk: str | Sequence[str]) -> list[str]:
+    """The query/key points asked for ("q" and/or "k"), checked."""
+    points = [qk] if isinstance(qk, str) else list(qk)
+    for point in points:
+        if point not in ("q", "k"):
+            raise ValueError(f"qk names 'q' and/or 'k', got {point!r}")
+    return list(dict.fromkeys(points))
+
+
+def qk_rows(model: nn.Module, point: str) -> list[tuple[str, int]]:
+    """(hook name, heads) of every attention module's hook_q or hook_k: query heads for "q",
+    key/value heads for "k" (hook_k holds Hkv heads under grouped-query attention)."""
+    rows = attention_hook_names(model, f"hook_{point}")
+    if point == "q":
+        return rows
+    modules = attention_modules(model)
+    return [
+        (name, int(getattr(m, "num_kv_heads", None) or count))
+        for (name, count), (_, m) in zip(rows, modules, strict=True)
+    ]
+
+
 def patch(
     model: nn.Module,
     clean: Any,
@@ -133,6 +180,7 @@ def patch(
     heads: bool = True,
     head_positions: bool = False,
     resid: str | Sequence[str] = (),
+    qk: str | Sequence[str] = (),
     engine: str = "auto",
     batch_size: int | None = None,
     **kwargs: Any,
@@ -146,6 +194,9 @@ def patch(
     `head_positions`: also each head at each position -> `.head_positions` (L, H, T).
     `resid`: "resid_pre" and/or "resid_post": each block's residual stream at each position
     -> `.resid[name]` (L, T).
+    `qk`: "q" and/or "k": each head's query (hook_q) / each key-value head's key (hook_k) at
+    every position -> `.qk["q"]` (L, H), `.qk["k"]` (L, Hkv); with `head_positions`, also one
+    position at a time -> `.qk["q_positions"]`, `.qk["k_positions"]` (L, H or Hkv, T).
     `engine`: "batched" runs many patches per forward and the unchanged prefix of layers
     once (see `patch_batched`; CausalLM in eval mode, input_ids plus an optional
     attention_mask); "loop" runs one whole forward per patch; "auto" (default) takes "batched"
@@ -173,7 +224,9 @@ def patch(
     for name in streams:
         if name not in ("resid_pre", "resid_post"):
             raise ValueError(f"resid names 'resid_pre' and/or 'resid_post', got {name!r}")
+    points = qk_points(qk)
     rows = attention_hook_names(model, "hook_z")
+    point_rows = {point: qk_rows(model, point) for point in points}
     known = set(hook_names(model))
     blocks = 0
     while act_name("resid_pre", blocks) in known:
@@ -198,13 +251,17 @@ def patch(
                 kwargs.get("attention_mask"),
                 lambda out: _value(metric, out),
                 batch_size,
+                ("z", *points),
             )
 
-            def batched_grid(by_position: bool) -> Tensor:
-                return torch.stack([patcher.heads(i, by_position) for i in range(len(rows))])
+            def batched_grid(by_position: bool, point: str = "z") -> Tensor:
+                return torch.stack([patcher.heads(i, by_position, point) for i in range(len(rows))])
 
             head_result = batched_grid(False) if heads else None
             head_pos_result = batched_grid(True) if head_positions else None
+            qk_result = {point: batched_grid(False, point) for point in points}
+            if head_positions:
+                qk_result |= {f"{p}_positions": batched_grid(True, p) for p in points}
             resid_result = {
                 stream: torch.stack(
                     [patcher.stream(i + (stream == "resid_post")) for i in range(blocks)]
@@ -217,14 +274,28 @@ def patch(
 
             head_result, head_pos_result = fractions(head_result), fractions(head_pos_result)
             resid_result = {k: fractions(v) for k, v in resid_result.items()}
+            qk_result = {k: fractions(v) for k, v in qk_result.items()}
         else:
             wanted = [name for name, _ in rows] if heads or head_positions else []
+            wanted += [name for r in point_rows.values() for name, _ in r]
             wanted += [act_name(s, i) for s in streams for i in range(blocks)]
             _, cache = run_with_cache(model, *clean_in, names=wanted, **kwargs)
             head_result, head_pos_result, resid_result = _loop(
                 model, corrupted_in, kwargs, metric, cache, rows, streams, blocks,
                 heads, head_positions, corrupted_value, difference,
             )  # fmt: skip
+            qk_result = {}
+            for point, prow in point_rows.items():
+                qk_result[point] = _head_grid(
+                    model, corrupted_in, kwargs, metric, cache, prow, False,
+                    corrupted_value, difference,
+                )  # fmt: skip
+            if head_positions:
+                for point, prow in point_rows.items():
+                    qk_result[f"{point}_positions"] = _head_grid(
+                        model, corrupted_in, kwargs, metric, cache, prow, True,
+                        corrupted_value, difference,
+                    )  # fmt: skip
     return PatchResult(
         clean_value,
         corrupted_value,
@@ -232,7 +303,40 @@ def patch(
         head_pos_result,
         resid_result,
         tuple(name for name, _ in rows),
+        qk_result,
     )
+
+
+def _head_grid(
+    model: nn.Module,
+    corrupted_in: tuple,
+    kwargs: dict[str, Any],
+    metric: Metric,
+    cache: Any,
+    rows: list[tuple[str, int]],
+    by_position: bool,
+    corrupted_value: float,
+    difference: float,
+) -> Tensor:
+    """The loop engine's grid for the heads of one hook point (hook_z, hook_q or hook_k: each
+    (B, T, heads, D)): one forward per head, or per head and position."""
+    H = max(count for _, count in rows)
+    T = cache[rows[0][0]].shape[1] if rows else 0
+    grid = torch.full((len(rows), H, T) if by_position else (len(rows), H), float("nan"))
+    for layer, (name, count) in enumerate(rows):
+        clean = cache[name]  # (B, T, heads, D)
+        for head in range(count):
+            value = clean[:, :, [head]]
+            positions = range(T) if by_position else [None]
+            for pos in positions:
+                fn = replace_heads([head], value, None if pos is None else [pos])
+                out = run_with_hooks(model, *corrupted_in, fwd_hooks=[(name, fn)], **kwargs)
+                fraction = (_value(metric, out) - corrupted_value) / difference
+                if pos is None:
+                    grid[layer, head] = fraction
+                else:
+                    grid[layer, head, pos] = fraction
+    return grid
 
 
 def _loop(
@@ -256,20 +360,10 @@ def _loop(
         return (_value(metric, out) - corrupted_value) / difference
 
     def head_grid(by_position: bool) -> Tensor:
-        H = max(count for _, count in rows)
-        T = cache[rows[0][0]].shape[1] if rows else 0
-        grid = torch.full((len(rows), H, T) if by_position else (len(rows), H), float("nan"))
-        for layer, (name, count) in enumerate(rows):
-            clean_z = cache[name]  # (B, T, H, D)
-            for head in range(count):
-                value = clean_z[:, :, [head]]
-                if by_position:
-                    for pos in range(T):
-                        fn = replace_heads([head], value, positions=[pos])
-                        grid[layer, head, pos] = recovered([(name, fn)])
-                else:
-                    grid[layer, head] = recovered([(name, replace_heads([head], value))])
-        return grid
+        return _head_grid(
+            model, corrupted_in, kwargs, metric, cache, rows, by_position,
+            corrupted_value, difference,
+        )  # fmt: skip
 
     head_result = head_grid(False) if heads else None
     head_pos_result = head_grid(True) if head_positions else None
