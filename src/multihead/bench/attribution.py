@@ -7,10 +7,13 @@ SmolLM2-135M-Instruct's GGUF):
 - fact: "The Eiffel Tower is in the city of" against "The Colosseum is in the city of"; metric
   the logit of " Paris" at the last position.
 
-For each study: real `patch()` (batched engine) of every head and of `resid_pre` at every block
-and position, then `attribution_patch(..., verify=k)` for each k. Per kind: Pearson r over all
-entries, how many of the real top 10 (by |fraction|) are in the estimate's top 10, the cost in
-forwards + backwards, and CPU seconds (one thread: see `bench.patching.clock`).
+For each study: real `patch()` (batched engine) of every head (hook_z), every head's query and
+every kv head's key (hook_q, hook_k, all positions at once) and `resid_pre` at every block and
+position; then `attribution_patch(..., verify=k)` for each method (plain AtP; AtP with the QK
+fix; AtP* = QK fix + GradDrop) and each k. Per kind: Pearson r over all entries (over |values|
+for GradDrop, which gives magnitudes), how many of the real top 10 (by |fraction|) are in the
+estimate's top 10, the cost in forwards + backwards, and CPU seconds (one thread: see
+`bench.patching.clock`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import torch
 
-from ..interpret import attribution_patch, patch
+from ..interpret import PatchResult, attribution_patch, patch
 from ..models.lm import CausalLM
 from ..table import format_table
 from .patching import _pearson, _timed
@@ -72,43 +76,69 @@ def overlap(real: torch.Tensor, estimate: torch.Tensor, k: int = 10) -> int:
     return len(top & set(estimate.flatten().abs().argsort(descending=True)[:k].tolist()))
 
 
-def run(model: CausalLM, name: str, *, verify: Sequence[int] = (0, 10, 30)) -> str:
+METHODS = (  # (label, attribution_patch arguments)
+    ("AtP", {"qk_fix": False}),
+    ("AtP+QK fix", {"qk_fix": True}),
+    ("AtP*", {"qk_fix": True, "grad_drop": True}),
+)
+KINDS = ("heads", "q", "k", "resid_pre")
+
+
+def _grid(result: PatchResult, kind: str) -> torch.Tensor:
+    grid = result.heads if kind == "heads" else result.qk.get(kind, result.resid.get(kind))
+    assert grid is not None
+    return grid
+
+
+def run(model: CausalLM, name: str, *, verify: Sequence[int] = (0, 10)) -> str:
     if model.tokenizer is None:
         raise ValueError(f"{name} carries no tokenizer: the studies need text")
+    blocks = len(model.layers)
     rows = []
     for label, study in (("ioi", ioi), ("fact", fact)):
         clean, corrupted, metric = study(model)
-        real, t_real = _timed(partial(patch, model, clean, corrupted, metric, resid="resid_pre"))
-        assert real.heads is not None
-        for k in verify:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # the resid warning: measured here
-                estimate = partial(attribution_patch, model, clean, corrupted, metric)
-                est, seconds = _timed(partial(estimate, resid="resid_pre", verify=k))
-            assert est.heads is not None
-            for kind, want, got in (
-                ("heads", real.heads, est.heads),
-                ("resid_pre", real.resid["resid_pre"], est.resid["resid_pre"]),
-            ):
-                rows.append(
-                    [
-                        label,
-                        kind,
-                        str(k),
-                        f"{_pearson(want, got):.3f}",
-                        f"{overlap(want, got)}/10",
-                        "2 fwd + 1 bwd" + (f" + {2 * k} fwd" if k else ""),
-                        f"{seconds:.2f}",
-                    ]
-                )
-        rows.append([label, "real patch()", "", "", "", "", f"{t_real:.2f}"])
+        nodes: dict[str, Any] = {"qk": ("q", "k"), "resid": "resid_pre"}
+        real, t_real = _timed(partial(patch, model, clean, corrupted, metric, **nodes))
+        for method, options in METHODS:
+            magnitudes = bool(options.get("grad_drop"))
+            for k in verify:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # the resid warning: measured
+                    estimate = partial(attribution_patch, model, clean, corrupted, metric)
+                    est, seconds = _timed(partial(estimate, verify=k, **nodes, **options))
+                cost = f"2 fwd + {blocks if magnitudes else 1} bwd"
+                cost += f" + {len(KINDS) * k} fwd" if k else ""
+                for kind in KINDS:
+                    want, got = _grid(real, kind), _grid(est, kind)
+                    if magnitudes:  # GradDrop gives magnitudes: compare |real| with |estimate|
+                        want, got = want.abs(), got.abs()
+                    rows.append(
+                        [
+                            label,
+                            method,
+                            str(k),
+                            kind,
+                            f"{_pearson(want, got):.3f}" + ("*" if magnitudes else ""),
+                            f"{overlap(want, got)}/10",
+                            cost,
+                            f"{seconds:.2f}",
+                        ]
+                    )
+        rows.append(
+            [label, "real patch()", "", "heads, q, k, resid_pre", "", "", "", f"{t_real:.2f}"]
+        )
     table = format_table(
-        ["study", "kind", "verify", "r", "top 10", "cost per call", "CPU s"], rows, left=(0, 1, 5)
+        ["study", "method", "verify", "kind", "r", "top 10", "cost per call", "CPU s"],
+        rows,
+        left=(0, 1, 3, 6),
     )
     return (
         f"attribution patching vs real patch(): {name}\n{table}\n"
-        "r: Pearson over all entries; top 10: of the real top 10 by |fraction|, how many are "
-        "in the estimate's top 10;\ncost per call: the clean and corrupted forwards and one "
-        "backward, plus one forward per verified entry of each of the two kinds (heads and "
-        "resid_pre in one call);\nCPU s: one call (both kinds), or real patch() of both"
+        "AtP: the gradient estimate (q, k linear at hook_q / hook_k); AtP+QK fix: q and k with "
+        "the attention pattern recomputed (heads and resid_pre as AtP);\nAtP*: QK fix + GradDrop "
+        f"(one backward per block, {blocks} here, mean |estimate|: magnitudes, the sign lost).\n"
+        "r: Pearson over all entries (*: of |real| and |estimate|); top 10: of the real top 10 "
+        "by |fraction|, how many are in the estimate's top 10;\ncost per call: forwards and "
+        "backwards, plus one forward per verified entry of each of the four kinds (one call "
+        "asks for all four);\nCPU s: one call (all four kinds), or real patch() of all four"
     )

@@ -37,8 +37,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--attribution",
         action="store_true",
-        help="instead: attribution patching (verify 0/10/30) against real patch() on the IOI "
-        "and factual-recall studies (needs --model with a tokenizer; the docs use SmolLM2)",
+        help="instead: attribution patching (AtP, AtP+QK fix, AtP*; verify 0/10) against real "
+        "patch() on the IOI and factual-recall studies (needs --model with a tokenizer; the "
+        "docs use SmolLM2)",
     )
     add_common(parser)
 

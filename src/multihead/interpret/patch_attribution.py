@@ -1,33 +1,45 @@
-"""Attribution patching (Nanda 2023; Syed et al. 2023): every patch of `patch()` estimated at once,
-from one forward and one backward of the corrupted input.
+"""Attribution patching (Nanda 2023; Syed et al. 2023) and AtP* (Kramar, Lieberum, Shah, Nanda
+2024, arXiv 2403.00745): every patch of `patch()` estimated at once, from one corrupted forward.
 
     approx = attribution_patch(model, clean_ids, corrupted_ids, metric, head_positions=True)
     approx.head_positions      # (L, H, T), like patch(...).head_positions
+    attribution_patch(..., qk=("q", "k"))    # query / key nodes, AtP*'s QK fix
+    attribution_patch(..., grad_drop=True)   # AtP*'s GradDrop: magnitudes
 
-Patching an activation a from its corrupted value a' to its clean value a changes the metric by
-about (a - a') . dmetric/da, the gradient taken at the corrupted run: exact when the metric is
-linear in a (e.g. the last block's stream read by a linear metric through a model without a final
-norm), an approximation elsewhere (compare with `patch()` on the top entries: the docs report the
-correlation). The estimates are divided by metric(clean) - metric(corrupted), as `patch()`'s
-fractions are. The gradient with respect to each hooked activation is the total one (through
-every later layer): each hook adds a zero tensor that requires grad, and the gradient is taken
-with respect to those.
+AtP. Patching an activation a from its corrupted value a' to its clean value a changes the
+metric by about (a - a') . dmetric/da, the gradient taken at the corrupted run: exact when the
+metric is linear in a (e.g. the last block's stream read by a linear metric through a model
+without a final norm), an approximation elsewhere. The estimates are divided by metric(clean) -
+metric(corrupted), as `patch()`'s fractions are. The gradient with respect to each hooked
+activation is the total one (through every later layer): each hook adds a zero tensor that
+requires grad, and the gradient is taken with respect to those. Cost: the clean and corrupted
+forwards and one backward.
 
-Where the linear estimate fails, and what `verify` does. Measured against real `patch()` on
-SmolLM2-135M-Instruct (the Q4_1 GGUF; `multihead bench patching --attribution`): on IOI (8
-prompts "When A and B went to the store, B gave a drink to", metric logit(A) - logit(B)) the
-per-head estimate tracks real patching (r = 0.98); on the factual-recall prompt "The Eiffel Tower
-is in the city of" against "The Colosseum is in the city of" (metric: the logit of " Paris") it
-does not (r = 0.68): early heads whose effect passes through later attention and MLPs get the
-wrong size or sign. For the residual stream (replacing the whole stream at one position), 0
-(IOI) and 1 (fact) of the real top 10 are in the estimate's top 10, so asking for `resid` warns.
-`verify=k` patches the k entries the estimate ranks highest (by |estimate|, per kind) for real,
-one forward each, and puts the real fractions in their place: per head, verify=10 gives
-r = 0.993 (IOI) and 0.987 (fact) with 10 and 9 of the real top 10, at a cost of the clean and
-corrupted forwards, one backward and k forwards per kind asked. AtP*'s QK fix and GradDrop
-(Kramar et al. 2024) are not implemented: see docs/toolkit-cache.md.
+QK fix (`qk` nodes, `qk_fix=True`, the default): a query or key node's effect is taken through
+its head's attention pattern recomputed exactly with the clean query / key (`atp_star`), then
+linearly in the pattern; `qk_fix=False` estimates them linearly at hook_q / hook_k. Under
+grouped-query attention a key node is a key/value head (hook_k's heads), its effect summed over
+the query heads that read it. Heads (hook_z) and the residual stream stay linear, as in AtP*.
 
-Shapes: as `patch()`: heads (L, H), head_positions (L, H, T), resid[name] (L, T).
+GradDrop (`grad_drop=True`): instead of one backward, L (one per block), the l-th with block l's
+residual contributions (hook_attn_out, hook_mlp_out) cut from the gradient; each estimate is
+then sum_l |estimate_l| / (L - 1). A node whose paths cancel in the full gradient (a direct and
+an indirect effect of opposite signs) shows once one path is cut. The values are magnitudes
+(>= 0): the sign is lost, they rank; `PatchResult.note` and `table()` say so. Cost: the two
+forwards and L backwards.
+
+Measured against real `patch()` on SmolLM2-135M-Instruct (`multihead bench patching
+--attribution`; docs/toolkit-cache.md has the table, the prompts and the costs). Per head
+(hook_z) the plain estimate tracks IOI (r = 0.98) but not the factual-recall prompt (r = 0.68);
+GradDrop ranks the fact prompt's heads better (r = 0.88 on magnitudes, 9 of the real top 10)
+but not to r >= 0.95; `verify=10` does (r = 0.99, 9 of 10). The QK fix takes query and key
+nodes from r = 0.38 / 0.56 (plain, fact) to 0.91 / 0.98. For the residual stream (replacing the
+whole stream at one position) no method finds more than 1 of the real top 10, so asking for
+`resid` warns. `verify=k` patches the k entries the estimate ranks highest (by |estimate|, per
+kind) for real, one forward each, and puts the real (signed) fractions in their place.
+
+Shapes: as `patch()`: heads (L, H), head_positions (L, H, T), qk["q"] (L, H), qk["k"] (L, Hkv),
+qk["q_positions"] / qk["k_positions"] (L, H or Hkv, T), resid[name] (L, T).
 """
 
 from __future__ import annotations
@@ -58,8 +70,8 @@ from .atp_star import key_effects, query_effects
 RESID_WARNING = (
     "attribution_patch on the residual stream is a poor screen: a linear estimate of "
     "replacing the whole stream at one position found 0 and 1 of the real top 10 on "
-    "SmolLM2's IOI and factual-recall prompts (see the docs); confirm with "
-    "patch(..., resid=...) or pass verify=k to patch the k largest estimates for real"
+    "SmolLM2's IOI and factual-recall prompts, with or without GradDrop (see the docs); "
+    "confirm with patch(..., resid=...) or pass verify=k to patch the k largest estimates for real"
 )
 
 
@@ -175,6 +187,13 @@ def attribution_patch(
             )
         corrupted_value = float(value.detach())
         difference = check_metric_pair(clean_value, corrupted_value)  # as patch() does
+        unseen = [p for p in prefixes if p not in clean_calls or p not in corrupted_calls]
+        if exact and unseen:
+            raise ValueError(
+                f"qk_fix=True recomputes each attention call, and {unseen[0]} ran none this "
+                "library could see (only attention that runs through multihead's attention "
+                "function can be recomputed); pass qk_fix=False for the linear estimate"
+            )
         passes: list[int | None] = [b for b in range(blocks)] if grad_drop else [None]
         total: dict[str, Tensor] = {}
         for i, block in enumerate(passes):
@@ -343,7 +362,8 @@ def _note(grad_drop: bool, exact: bool, resid: bool, verify: int) -> str:
         parts.append(f"the top {verify} of each kind patched for real (signed)")
     if resid:
         parts.append(
-            "resid: a poor screen (0 and 1 of the real top 10 on SmolLM2's IOI and fact prompts)"
+            "resid: a poor screen (0 and 1 of the real top 10 on SmolLM2's IOI and fact "
+            "prompts, AtP or AtP*)"
         )
     return "; ".join(parts)
 
