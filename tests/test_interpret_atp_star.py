@@ -62,23 +62,30 @@ def test_patch_query_and_key_nodes_on_both_engines_with_grouped_keys():
     assert loop.qk["k_positions"][1, 1, 5] == pytest.approx(fraction, abs=1e-9)
     assert abs(fraction) > 0.005  # the key matters here
     assert "k L1 KV1 pos 5" in batched.table(kind="k_positions", top=24)
+    # verify=k puts real fractions in place of the k largest q/k estimates (kv heads for k)
+    estimate = attribution_patch(model, clean, corrupted, metric, **kwargs)
+    checked = attribution_patch(model, clean, corrupted, metric, verify=3, **kwargs)
+    for kind in ("q", "k", "q_positions", "k_positions"):
+        top = estimate.qk[kind].flatten().abs().argsort(descending=True)[:3]
+        got, want = checked.qk[kind].flatten()[top], loop.qk[kind].flatten()[top]
+        torch.testing.assert_close(got, want.float(), atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="qk names 'q' and/or 'k'"):
         patch(model, clean, corrupted, metric, qk="v")
 
 
-def saturated_one_layer():
+def saturated_one_layer(scale=100.0, **options):
     """One attention-only block, no final norm: the logits are linear in the attention
     pattern, so the QK fix (exact pattern, linear after it) must equal real patching. The
     queries and keys are scaled 100x each, so that the softmax is saturated."""
     torch.manual_seed(0)
     cfg = LMConfig(
         vocab_size=V, dim=24, num_layers=1, num_heads=4, num_kv_heads=2, attention_only=True,
-        position="rope", bias=False,
+        bias=False, **({"position": "rope"} | options),
     )  # fmt: skip
     model = CausalLM(cfg, dtype=torch.float64).eval()
     model.norm_f = nn.Identity()
     with torch.no_grad():
-        model.layers[0].attn.in_proj.weight[:36].mul_(100.0)  # W_Q, W_K rows (24 + 2 * 6)
+        model.layers[0].attn.in_proj.weight[:36].mul_(scale)  # W_Q, W_K rows (24 + 2 * 6)
     return model
 
 
@@ -101,6 +108,19 @@ def test_qk_fix_equals_real_patching_where_the_softmax_saturates():
         missed = (real.qk[kind].abs() > 0.2) & (linear.qk[kind].abs() < 0.1 * real.qk[kind].abs())
         assert missed.any(), (real.qk[kind], linear.qk[kind])
     assert "QK fix" in fixed.table()
+
+
+def test_qk_fix_recomputes_the_attention_as_run_alibi_softcap_window():
+    """The recomputed pattern takes the call's bias (ALiBi), soft-cap and sliding window as
+    the model ran them: still exact against real patching."""
+    model = saturated_one_layer(10.0, position="alibi", attn_softcap=3.0, sliding_window=3)
+    clean, corrupted = pair(at=(2, 4, 5))
+    kwargs = dict(qk=("q", "k"), head_positions=True, heads=False)
+    real = patch(model, clean, corrupted, metric, engine="loop", **kwargs)
+    fixed = attribution_patch(model, clean, corrupted, metric, **kwargs)
+    assert real.qk["k_positions"].abs().max() > 0.05
+    for kind in ("q", "k", "q_positions", "k_positions"):
+        torch.testing.assert_close(fixed.qk[kind], real.qk[kind], atol=1e-6, rtol=1e-6)
 
 
 def cancelling_model():
