@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -161,9 +162,16 @@ def test_moved_modules_warn_and_are_the_new_module(old, new):
     for name in [old, *[m for m in sys.modules if m.startswith(old + ".")]]:
         sys.modules.pop(name, None)  # a fresh import of the old path, which warns
     parent, _, child = old.rpartition(".")
-    vars(importlib.import_module(parent)).pop(child, None)  # (no getattr: multihead's imports)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}") as caught:
-        module = importlib.import_module(old)
+    package = importlib.import_module(parent)
+    # (no getattr: multihead's imports) put back afterwards: `multihead.interpret.hooks` is
+    # also the exported function, which later tests import
+    saved = vars(package).pop(child, None)
+    try:
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}") as caught:
+            module = importlib.import_module(old)
+    finally:
+        if saved is not None:
+            setattr(package, child, saved)
     assert module is importlib.import_module(new)
     assert all(w.filename == __file__ or "importlib" in w.filename for w in caught)
 
@@ -224,3 +232,21 @@ if __name__ == "__main__" and sys.argv[1:] == ["--update"]:
     )
     SNAPSHOT.write_text(header + "".join(f"{m} {n}\n" for m, n in sorted(current())))
     print(f"wrote {SNAPSHOT} ({len(current())} names)")
+
+
+def test_importing_an_old_module_path_keeps_the_same_named_function():
+    """`multihead.interpret.hooks` is the old module path (a shim) and the exported function;
+    importing the shim must not bind the module over the function (it did: a later
+    `from multihead.interpret import hooks` gave a module, 'module' object is not callable).
+    As in 0.2, `import multihead.interpret.hooks as m` then names the function (Python reads the
+    package's attribute first); importlib.import_module gives the module."""
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "import importlib\n"
+        "old = importlib.import_module('multihead.interpret.hooks')\n"
+        "import multihead.hooked.hooks as new\n"
+        "from multihead.interpret import hooks\n"
+        "assert old is new, old\n"
+        "assert callable(hooks) and hooks is new.hooks, hooks\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,6 +1,9 @@
 """See what every head does: hook points, caches, ablation, patching, the logit lens, direct
 logit attribution, capture, head gates, metrics, importance and reports."""
 
+import sys
+from types import ModuleType
+
 from ..hooked.ablation import ablate, mean_ablation, resample_ablation, zero_ablation
 from ..hooked.hooks import (
     ActivationCache,
@@ -58,3 +61,21 @@ __all__ = [
     "sink_pattern",
     "zero_ablation",
 ]
+
+
+class _Package(ModuleType):
+    """This package, keeping its exported functions when a same-named old submodule path is
+    imported. `multihead.interpret.hooks` is both the function `hooks` (exported above) and the
+    0.2 module path, now a shim (`multihead.moved`); importing the shim makes the import system
+    bind the module over the package's attribute, so `from multihead.interpret import hooks`
+    would then give a module. A submodule never replaces an exported non-module here."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        current = self.__dict__.get(name)
+        keep = name in __all__ and not isinstance(current, ModuleType)
+        if isinstance(value, ModuleType) and keep:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
