@@ -163,3 +163,26 @@ def head_units(B: int, H: int, Hkv: int, n: int) -> list[tuple[slice, slice, sli
         for b in range(B)
         for g in range(0, Hkv, per)
     ]
+
+
+def row_groups(weights: list[int], n: int) -> list[range]:
+    """Contiguous runs of indices (a general plan's query blocks) of about equal total weight
+    (the pairs their tiles compute), about 2 n of them, none empty; for n = 1 one run of all."""
+    count = len(weights)
+    if n <= 1 or count <= 1:
+        return [range(count)]
+    parts = min(count, 2 * n)
+    if not any(weights):
+        weights = [1] * count
+    total = sum(weights)
+    groups: list[range] = []
+    start, acc = 0, 0
+    for i, w in enumerate(weights[:-1]):
+        acc += w
+        left = parts - 1 - len(groups)  # runs still to close after the current one
+        # close the run once it holds its share, or when each run to come needs its index
+        if left and (acc * parts >= total * (len(groups) + 1) or count - (i + 1) == left):
+            groups.append(range(start, i + 1))
+            start = i + 1
+    groups.append(range(start, count))
+    return groups
