@@ -58,13 +58,14 @@ def describe(condition: str, default: int) -> str:
     return f"{condition} thread{'s' if condition != '1' else ''}, no competing process"
 
 
-def dense_rows(shapes, repeats: int) -> list[list[str]]:
+def dense_rows(shapes: list[tuple[int, int, int, int]], repeats: int) -> list[list[str]]:
     """MultiHeadAttention against the floor (train = forward + backward; eval), median of the
     per-round ratios, with the target."""
     body = []
     for shape in shapes:
         for mode in ("train", "eval"):
-            fns = contenders(*shape, train=mode == "train")
+            B, T, E, H = shape
+            fns = contenders(B, T, E, H, train=mode == "train")
             picked = {"mh": fns["mh"], "floor": fns["floor"]}
             rounds = measure_rounds(picked, repeats=repeats, warmup=1, min_time=0.0)
             ratio = median_ratio(rounds["mh"], rounds["floor"])
