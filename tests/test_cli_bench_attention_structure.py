@@ -17,14 +17,14 @@ def test_allowed_pairs_count_the_dense_mask(kind, T):
 def test_mask_routes_to_the_structure_suite(monkeypatch, capsys):
     seen = []
 
-    def fake_main(kinds, quick, repeats):
-        seen.append((kinds, quick, repeats))
+    def fake_main(kinds, quick, repeats, contended):
+        seen.append((kinds, quick, repeats, contended))
         return "table"
 
     monkeypatch.setattr(attention_structure, "main", fake_main)
     assert main(["bench", "attention", "--mask", "window", "--repeats", "2"]) == 0
     assert main(["bench", "attention", "--mask", "all", "--quick"]) == 0
-    assert seen == [(("window",), False, 2), (attention_structure.MASKS, True, 3)]
+    assert seen == [(("window",), False, 2, False), (attention_structure.MASKS, True, 3, False)]
     assert "table" in capsys.readouterr().out
 
 
@@ -72,14 +72,15 @@ def test_contend_measures_beside_a_busy_process_the_bench_stops(monkeypatch, cap
         yield None
         events.append("stop")
 
-    def fake_main(kinds, quick, repeats):
-        events.append("measure")
+    def fake_main(kinds, quick, repeats, contended):
+        events.append(("measure", contended))
         return "table"
 
     monkeypatch.setattr(contend, "busy_process", fake_busy)
     monkeypatch.setattr(attention_structure, "main", fake_main)
     assert main(["bench", "attention", "--mask", "window", "--contend"]) == 0
-    assert events == ["start", "measure", "stop"]  # measured while it ran
+    # measured while it ran, against the contended target
+    assert events == ["start", ("measure", True), "stop"]
     out = capsys.readouterr().out
     assert out.startswith("condition: beside a busy process (") and "table" in out
 
@@ -90,3 +91,29 @@ def test_the_competing_process_runs_and_is_stopped():
     with contend.busy_process(seconds=60) as proc:
         assert proc.poll() is None  # running its products (it said so before the body began)
     assert proc.poll() is not None  # stopped when the bench is done, not at its deadline
+
+
+def test_rows_carry_the_target_of_their_condition(monkeypatch):
+    monkeypatch.setattr(
+        attention_structure, "function_row", lambda kind, T, repeats: [kind, "f", *"abc", "2.50x"]
+    )
+    monkeypatch.setattr(
+        attention_structure, "module_row", lambda kind, T, repeats: [kind, "m", *"abc", "1.20x"]
+    )
+    idle = attention_structure.rows(("window",), quick=True)
+    busy = attention_structure.rows(("window",), quick=True, contended=True)
+    assert [r[-2:] for r in idle] == [["2.00x", "NO"], ["1.20x", "yes"]]
+    assert [r[-2:] for r in busy] == [["3.00x", "yes"], ["1.20x", "yes"]]
+
+
+def test_the_mask_mod_case_is_the_window_as_a_mask_function():
+    import torch
+
+    from multihead import attention
+
+    T = 1024
+    args = attention_structure.structure_args("mask_mod", T)
+    assert set(args) == {"mask_mod", "block_size"}
+    q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+    want = attention(q, k, v, causal=True, window=attention_structure.WINDOW)
+    torch.testing.assert_close(attention(q, k, v, causal=True, **args), want)

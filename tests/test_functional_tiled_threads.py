@@ -143,3 +143,86 @@ def test_inference_mode_reaches_the_workers(two_threads):
         out = attention(q, k, v, causal=True, window=40, backend="tiled")
     ref, _ = reference_attention(q.double(), k.double(), v.double(), mask=_mask("window", 1))
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+
+
+def _general(kind: str, B: int) -> tuple[dict, torch.Tensor]:
+    """A call the general tile plan runs (no fast path), and its (B or 1, 1, T, T) mask."""
+    i = torch.arange(T)
+    causal = i[None] <= i[:, None]
+    ids = torch.tensor([0] * 100 + [1] * 150 + [2] * 50).expand(B, T)
+    same = (ids[:, :, None] == ids[:, None, :])[:, None]
+    if kind == "mask_mod":
+        args = {"mask_mod": lambda b, h, qi, ki: (qi - ki) % (3 + h) != 1, "block_size": 60}
+        return args, causal & ((i[:, None] - i[None]) % (3 + torch.arange(6)[:, None, None]) != 1)
+    if kind == "window+documents":
+        return {"window": 40, "documents": ids}, same & causal & (i[:, None] - i[None] < 40)
+    if kind == "bidirectional window":
+        return {"window": (30, 20)}, (i[None] >= i[:, None] - 30) & (i[None] <= i[:, None] + 20)
+    p = torch.tensor([70, 150])[:B].view(B, 1, 1, 1)  # a prefix per batch row
+    return {"prefix": p.view(B)}, causal | ((i[:, None] < p) & (i[None] < p))
+
+
+@pytest.mark.parametrize(
+    "kind", ["mask_mod", "window+documents", "bidirectional window", "per-row prefix"]
+)
+def test_the_general_plan_on_workers_equals_the_inline_run_and_the_reference(
+    two_threads, monkeypatch, kind
+):
+    B, H, hkv = 2, 6, 3
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(B, H, T, D, generator=gen, requires_grad=True)
+    k, v = (torch.randn(B, hkv, T, D, generator=gen, requires_grad=True) for _ in range(2))
+    bias = torch.randn(1, H, T, T, generator=gen, requires_grad=True)  # the plain tiles' path
+    g = torch.randn(B, H, T, D, generator=gen)
+    args, mask = _general(kind, B)
+
+    def run(with_bias: bool):
+        extra = {"bias": bias} if with_bias else {}
+        causal = kind != "bidirectional window"
+        out = attention(q, k, v, causal=causal, backend="tiled", **args, **extra)
+        inputs = (q, k, v, bias) if with_bias else (q, k, v)
+        return out.detach(), *torch.autograd.grad((out * g).sum(), inputs)
+
+    calls = []
+    real_run = tiled_backend.run
+    monkeypatch.setattr(tiled_backend, "run", lambda units, n: (calls.append((len(units), n)),
+                                                                real_run(units, n)))  # fmt: skip
+    threaded = [run(False), run(True)]  # the kernel's tiles; the plain tiles (a bias gradient)
+    assert len(calls) == 4 and all(units > 1 and n == 2 for units, n in calls)
+    torch.set_num_threads(1)  # one thread: the units run inline, one run of every row
+    inline = [run(False), run(True)]
+    assert len(calls) == 8 and all(n == 1 for _, n in calls[4:])
+    for got, want in zip(threaded, inline, strict=True):
+        for a, b in zip(got, want, strict=True):
+            # the same tiles; the key gradients summed from the units' own buffers
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    q64, k64, v64, b64 = (t.detach().double().requires_grad_() for t in (q, k, v, bias))
+    rep = H // hkv
+    k64r, v64r = k64.repeat_interleave(rep, 1), v64.repeat_interleave(rep, 1)
+    for got, with_bias in zip(threaded, (False, True), strict=True):
+        ref, _ = reference_attention(q64, k64r, v64r, mask=mask, bias=b64 if with_bias else None)
+        inputs = (q64, k64, v64, b64) if with_bias else (q64, k64, v64)
+        want = (ref, *torch.autograd.grad((ref * g.double()).sum(), inputs))
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-4)
+
+
+def test_row_groups_cover_every_row_once_in_order():
+    for weights, n in [
+        ([1] * 10, 2),
+        (list(range(9)), 2),
+        ([0, 0, 0], 4),
+        ([5], 3),
+        ([9, 1, 1], 8),
+    ]:
+        groups = tile_threads.row_groups(weights, n)
+        assert [j for g in groups for j in g] == list(range(len(weights)))
+        assert all(len(g) for g in groups) and len(groups) <= max(1, 2 * n)
+    assert tile_threads.row_groups([1] * 10, 1) == [range(10)]
+    # about equal weight: 8 equal rows on 2 workers, 4 runs of 2
+    assert tile_threads.row_groups([3] * 8, 2) == [
+        range(0, 2),
+        range(2, 4),
+        range(4, 6),
+        range(6, 8),
+    ]

@@ -26,7 +26,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--mask",
-        choices=["window", "documents", "prefix", "all"],
+        choices=["window", "documents", "prefix", "mask_mod", "all"],
         help="structured attention instead: the function and the module against their ideal "
         "(the cost of the allowed pairs), dense-mask SDPA and compiled flex_attention (CPU, fp32)",
     )
@@ -36,12 +36,21 @@ def add_arguments(parser) -> None:
         help="measure beside a competing process (matrix products on every core, started and "
         "stopped by the bench): the figures of a machine shared with another busy job",
     )
+    parser.add_argument(
+        "--conditions",
+        metavar="LIST",
+        help="with --mask: measure under each of these in turn, e.g. 1,default,contend (a thread "
+        "count; 'default': this process's threads; 'contend': them beside a competing process), "
+        "with the small calls and the dense module, every row with its target and whether it holds",
+    )
     add_device(parser)
     add_common(parser)
 
 
 def run(args) -> int:
     check_device(args)
+    if args.conditions is not None:
+        return _run_conditions(args)
     apply_common(args)
     if not args.contend:
         return _run(args)
@@ -50,6 +59,31 @@ def run(args) -> int:
     with contend.busy_process():
         print(f"condition: {contend.describe()}, started and stopped by this bench", flush=True)
         return _run(args)
+
+
+def _run_conditions(args) -> int:
+    from ..bench import attention_conditions, attention_structure, contend
+
+    if args.mask is None:
+        raise UsageError("--conditions measures the structured table: give --mask too")
+    if args.contend:
+        raise UsageError("--conditions names its own: use 'contend' in it instead of --contend")
+    if args.device != "cpu" or args.dtype != "fp32":
+        raise UsageError(
+            f"--mask measures --device cpu --dtype fp32 (the tiled backend's targets), "
+            f"got --device {args.device} --dtype {args.dtype}"
+        )
+    try:
+        conditions = attention_conditions.parse(args.conditions, contend.cores())
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    apply_common(args)
+    kinds = attention_structure.MASKS if args.mask == "all" else (args.mask,)
+    reps = args.repeats or QUICK_REPEATS
+    attention_conditions.run(
+        kinds, conditions, quick=args.quick, repeats=reps, emit=lambda s: print(s, flush=True)
+    )
+    return 0
 
 
 def _run(args) -> int:
@@ -65,7 +99,10 @@ def _run(args) -> int:
             )
         kinds = attention_structure.MASKS if args.mask == "all" else (args.mask,)
         reps = args.repeats or QUICK_REPEATS
-        print(attention_structure.main(kinds, quick=args.quick, repeats=reps))
+        table = attention_structure.main(
+            kinds, quick=args.quick, repeats=reps, contended=args.contend
+        )
+        print(table)
         return 0
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
     print(attention.main(quick=args.quick, repeats=repeats, device=args.device, dtype=args.dtype))

@@ -13,8 +13,9 @@ broadcastable integer (torch.long) index tensors, never with Python ints:
 
 and must return a result broadcastable to (B, H, rows, keys) (a pattern that ignores b or h
 returns size 1 there). Backends that read structure (the tiled one) evaluate it on one tile
-at a time: `rows` x `keys` is at most the block size; every other backend gets it evaluated
-once on the whole (Tq, Tk) grid, as a dense mask (`call.dense_call`).
+at a time: `rows` x `keys` is at most the block size, on worker threads, several tiles at
+once (so it must keep no state of its own); every other backend gets it evaluated once on the
+whole (Tq, Tk) grid, as a dense mask (`call.dense_call`).
 
 `block_size` (an int, or a (queries, keys) pair) is the tile the tiled backend classifies by:
 a tile whose evaluation is all False is skipped, all True runs with no mask, anything else

@@ -6,8 +6,10 @@ ends when every thread has finished its static share. The tiled paths make many 
 thread of ours is often descheduled: every region then waits for it. Measured, window 256 at
 T 4096, forward + backward, 2 threads beside a process running matmuls on both cores: the
 copies, adds and fills of ~2 MB took ~26 ms each (0.2 ms alone), the call 25x its ideal.
-Here the work is cut into independent units (a batch row and a group of kv heads: every
-tensor a unit writes is its own) and the units go to `torch.get_num_threads()` workers that
+Here the work is cut into independent units (the fast paths: a batch row and a group of kv
+heads, `head_units`; the general tile plan: a run of consecutive query blocks, `row_groups`,
+whose key gradients gather in buffers of the unit's own: every tensor a unit writes is its
+own) and the units go to `torch.get_num_threads()` workers that
 each run torch with one thread: no kernel call is a parallel region, a descheduled worker
 holds up only its own unit, and the others take the remaining units from the queue. The
 calling thread waits (the GIL is released inside torch's kernels, so the workers' kernels run
@@ -32,7 +34,7 @@ import contextvars
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -135,7 +137,7 @@ def workers(*tensors: Tensor | None) -> int:
     return torch.get_num_threads()
 
 
-def run(units: list[Callable[[], None]], n: int) -> None:
+def run(units: Sequence[Callable[[], None]], n: int) -> None:
     """Run the units (each writing tensors no other unit touches) on n workers, or inline
     when n <= 1 or there is one unit; return when all are done, raising the first error."""
     if n <= 1 or len(units) <= 1:
@@ -163,3 +165,26 @@ def head_units(B: int, H: int, Hkv: int, n: int) -> list[tuple[slice, slice, sli
         for b in range(B)
         for g in range(0, Hkv, per)
     ]
+
+
+def row_groups(weights: list[int], n: int) -> list[range]:
+    """Contiguous runs of indices (a general plan's query blocks) of about equal total weight
+    (the pairs their tiles compute), about 2 n of them, none empty; for n = 1 one run of all."""
+    count = len(weights)
+    if n <= 1 or count <= 1:
+        return [range(count)]
+    parts = min(count, 2 * n)
+    if not any(weights):
+        weights = [1] * count
+    total = sum(weights)
+    groups: list[range] = []
+    start, acc = 0, 0
+    for i, w in enumerate(weights[:-1]):
+        acc += w
+        left = parts - 1 - len(groups)  # runs still to close after the current one
+        # close the run once it holds its share, or when each run to come needs its index
+        if left and (acc * parts >= total * (len(groups) + 1) or count - (i + 1) == left):
+            groups.append(range(start, i + 1))
+            start = i + 1
+    groups.append(range(start, count))
+    return groups

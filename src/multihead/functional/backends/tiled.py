@@ -37,7 +37,7 @@ from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
 from .tile_segments import segment_plan, segments_backward, segments_forward
-from .tile_threads import head_units, run, workers
+from .tile_threads import head_units, row_groups, run, workers
 
 # Below this many (query, key) pairs per head, sdpa under the dense mask (at most 1 MB of
 # booleans) is as cheap as tiling or cheaper (measured: documents of 64 tokens at T = 512
@@ -249,17 +249,46 @@ def _fast_backward(setup: _Setup, q, k, v, grad_out, out, lse, dq, dk, dv) -> No
 
 
 def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
-    rows, block, band, segments, prefix_p, structure, causal, scale, dropout = setup
     B, H, tq, _ = q.shape
-    tk = k.shape[2]
     acc = accumulation_dtype(q.dtype)
     # Every row is written below (a fast path's, a plan row's first span, or zeros for a row
     # with nothing to attend), so the buffers start uninitialised.
     out = _output_buffer(q, v.shape[3], acc)
     lse = torch.empty((B, H, tq), dtype=acc, device=q.device)
-    fused = kernel_runs(q, v) and dropout is None
-    if band is not None or segments is not None or prefix_p is not None:
+    if setup.band is not None or setup.segments is not None or setup.prefix is not None:
         _fast_forward(setup, q, k, v, out, lse)
+    if setup.rows:
+        _plan_forward(setup, q, k, v, mask, bias, out, lse)
+    return out, lse
+
+
+def _weight(tiles: list[Tile]) -> int:
+    """The pairs a plan row's tiles compute (how the rows are shared among the units)."""
+    return sum((t.q1 - t.q0) * (t.k1 - t.k0) for t in tiles)
+
+
+def _plan_forward(setup: _Setup, q, k, v, mask, bias, out, lse) -> None:
+    """The general plan, forward: units of consecutive query blocks on worker threads
+    (`tile_threads`: each unit writes its own rows of out and lse, every batch row and head)."""
+    rows = setup.rows
+    n = workers(q, k, v, mask, bias, out)
+    groups = row_groups([_weight(tiles) for _, tiles in rows], n)
+    units = [
+        functools.partial(_plan_rows_forward, setup, [rows[j] for j in g], q, k, v, mask, bias,
+                          out, lse)
+        for g in groups
+    ]  # fmt: skip
+    run(units, n)
+
+
+def _plan_rows_forward(setup: _Setup, rows, q, k, v, mask, bias, out, lse) -> None:
+    """Plan rows (query block index, its tiles) into out and lse."""
+    block, structure, causal, scale, dropout = (
+        setup.block, setup.structure, setup.causal, setup.scale, setup.dropout
+    )  # fmt: skip
+    B, H, tq, _ = q.shape
+    tk = k.shape[2]
+    fused = kernel_runs(q, v) and dropout is None
     rows_per_block = block if isinstance(block, int) else block[0]
     for i, tiles in rows:
         if not tiles:
@@ -285,7 +314,6 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
                 lse[:, :, tile.q0 : tile.q1] = l
             else:
                 merge_into(out[:, :, tile.q0 : tile.q1], lse[:, :, tile.q0 : tile.q1], o, l)
-    return out, lse
 
 
 def _add_bias_grad(grad: Tensor, ds: Tensor, bias: Tensor, tile: Tile) -> None:
@@ -318,10 +346,9 @@ def _gradient_buffers(q, k, v, setup: _Setup, acc, packed: PackedViews | None):
 def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, want_bias: bool):
     """Fill grads = (dq, dk, dv) (see `_gradient_buffers`); return the bias's gradient (in the
     accumulation dtype) when `want_bias`, else None."""
-    rows, _, band, segments, prefix_p, structure, causal, scale, dropout = setup
+    rows, _, band, segments, prefix_p, _, _, _, dropout = setup
     dq, dk, dv = grads
     acc = dq.dtype
-    tk = k.shape[2]
     dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
     # (the kernel gives no score gradient, and takes no keep mask)
     fused = kernel_runs(q, v) and not want_bias and dropout is None
@@ -335,35 +362,72 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
     delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
     if band is not None or segments is not None or prefix_p is not None:
         _fast_backward(setup, q, k, v, grad_out, out, lse, dq, dk, dv)
-    for _, tiles in rows:
-        for tile in tiles:
-            allowed, bias_t, diagonal = _tile_masks(
-                tile, mask, bias, structure, causal, q, tk, fused
-            )
-            r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
-            ds: list[Tensor] | None = [] if want_bias else None
-            if fused:
-                dq_t, dk_t, dv_t = kernel_backward(
-                    q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], out[:, :, r],
-                    lse[:, :, r], allowed, bias_t, scale, diagonal,
-                )  # fmt: skip
-                dq[:, :, r] += dq_t
-                dk[:, :, c] += dk_t
-                dv[:, :, c] += dv_t
-                continue
-            assert delta is not None
-            dq_t, dk_t, dv_t = tile_backward(
-                q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], lse[:, :, r],
-                delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t,
-                keep=_keep(tile, dropout, q.shape[0], q.shape[1], tk - q.shape[2], q.device),
-                dropout_p=0.0 if dropout is None else dropout[0], bias_grad=ds,
+    if rows:
+        _plan_backward(setup, q, k, v, mask, bias, out, lse, grad_out, delta, grads, dbias, fused)
+    return dbias
+
+
+def _plan_backward(setup, q, k, v, mask, bias, out, lse, grad_out, delta, grads, dbias, fused):
+    """The general plan, backward: units of consecutive query blocks on worker threads. A
+    unit's rows of dq are its own; the key gradients (and the bias's) gather from every row,
+    so each unit after the first adds into zeros of its own, summed into them at the end."""
+    rows = setup.rows
+    n = workers(q, k, v, mask, bias, grad_out, out, grads[0])
+    groups = row_groups([_weight(tiles) for _, tiles in rows], n)
+    dq, dk, dv = grads
+    own = [(dk, dv, dbias)] + [
+        (torch.zeros_like(dk), torch.zeros_like(dv), _zeros_like(dbias)) for _ in groups[1:]
+    ]
+    args = (setup, q, k, v, mask, bias, out, lse, grad_out, delta, fused)
+    units = [
+        functools.partial(_plan_rows_backward, *args, [rows[j] for j in g], dq, *gathered)
+        for g, gathered in zip(groups, own, strict=True)
+    ]
+    run(units, n)
+    for dk_u, dv_u, dbias_u in own[1:]:
+        dk += dk_u
+        dv += dv_u
+        if dbias is not None and dbias_u is not None:
+            dbias += dbias_u
+
+
+def _zeros_like(t: Tensor | None) -> Tensor | None:
+    return None if t is None else torch.zeros_like(t)
+
+
+def _plan_rows_backward(
+    setup: _Setup, q, k, v, mask, bias, out, lse, grad_out, delta, fused, rows, dq, dk, dv, dbias
+) -> None:
+    """Plan rows (query block index, its tiles): their rows of dq, and what they add to dk,
+    dv and the bias's gradient."""
+    structure, causal, scale, dropout = setup.structure, setup.causal, setup.scale, setup.dropout
+    tk = k.shape[2]
+    want_bias = dbias is not None
+    for tile in (tile for _, tiles in rows for tile in tiles):
+        allowed, bias_t, diagonal = _tile_masks(tile, mask, bias, structure, causal, q, tk, fused)
+        r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
+        ds: list[Tensor] | None = [] if want_bias else None
+        if fused:
+            dq_t, dk_t, dv_t = kernel_backward(
+                q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], out[:, :, r],
+                lse[:, :, r], allowed, bias_t, scale, diagonal,
             )  # fmt: skip
             dq[:, :, r] += dq_t
             dk[:, :, c] += dk_t
             dv[:, :, c] += dv_t
-            if dbias is not None and ds:
-                _add_bias_grad(dbias, ds[0], bias, tile)
-    return dbias
+            continue
+        assert delta is not None
+        dq_t, dk_t, dv_t = tile_backward(
+            q[:, :, r], k[:, :, c], v[:, :, c], grad_out[:, :, r], lse[:, :, r],
+            delta[:, :, r], scale=scale, allowed=allowed, bias=bias_t,
+            keep=_keep(tile, dropout, q.shape[0], q.shape[1], tk - q.shape[2], q.device),
+            dropout_p=0.0 if dropout is None else dropout[0], bias_grad=ds,
+        )  # fmt: skip
+        dq[:, :, r] += dq_t
+        dk[:, :, c] += dk_t
+        dv[:, :, c] += dv_t
+        if dbias is not None and ds:
+            _add_bias_grad(dbias, ds[0], bias, tile)
 
 
 class _Tiled(torch.autograd.Function):
