@@ -6,8 +6,10 @@ views (W_Q ... W_U), folding and analysis code read an ordinary tensor. Blocks c
 as they call nn.Linear (through `__call__`, so module hooks fire).
 
 Forms (`form`):
-- "int4": buffers qs (N, K/2) uint8, scale and zero (N, K/32) float32 (Q4_0, Q4_1, Q4_K);
-- "int8": qs (N, K) int8, scale (N, K/32) float32 (Q8_0);
+- "int4": buffers qs (N, K/2) uint8, scale and zero (N, K/32), w = q scale + zero: float16
+  where the file's own values are float16 (Q4_1's d and m: exact), float32 where they are
+  products (Q4_K's d sc and -dmin mn); zero None stands for -8 scale (Q4_0: nothing stored);
+- "int8": qs (N, K) int8, scale (N, K/32) float16 or float32 (Q8_0: float16, the file's d);
 - "blocks": qs (N, row bytes) uint8, the file's own blocks, with a `dequantize(rows) -> float32
   (n, K)` function given by the loader (every other type): the product dequantises a tile of
   rows at a time.
@@ -24,7 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import _tiled, dequantize_int4, dequantize_int8, int4_mm, int8_mm, tiled_transposed
+from .kernels import (
+    SCALE_DTYPES,
+    _tiled,
+    dequantize_int4,
+    dequantize_int8,
+    int4_mm,
+    int8_mm,
+    tiled_transposed,
+)
 
 RowDequantizer = Callable[[Tensor], Tensor]  # (n, row bytes) uint8 -> (n, K) float32
 FORMS = ("int4", "int8", "blocks")
@@ -55,6 +65,10 @@ class PackedRows(nn.Module):
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
         if form == "blocks" and dequantize is None:
             raise ValueError("form 'blocks' needs a dequantize function")
+        if form != "blocks" and (scale is None or scale.dtype not in SCALE_DTYPES):
+            raise ValueError(f"form {form!r} needs a float16 or float32 scale")
+        if zero is not None and (form != "int4" or scale is None or zero.dtype != scale.dtype):
+            raise ValueError("zero is for form 'int4' only, in the scale's dtype")
         self.form, self.shape, self.qtype = form, tuple(shape), qtype
         self._dequantize = dequantize
         self.register_buffer("qs", qs)
@@ -70,9 +84,10 @@ class PackedRows(nn.Module):
     def rows(self, start: int, stop: int) -> Tensor:
         """Rows start..stop dequantised, in the compute dtype."""
         if self.form == "int4":
-            assert self.scale is not None and self.zero is not None
+            assert self.scale is not None
+            zero = None if self.zero is None else self.zero[start:stop]
             return dequantize_int4(
-                self.qs[start:stop], self.scale[start:stop], self.zero[start:stop], self.dtype
+                self.qs[start:stop], self.scale[start:stop], zero, self.dtype
             )
         if self.form == "int8":
             assert self.scale is not None
@@ -83,8 +98,9 @@ class PackedRows(nn.Module):
         """The rows `index` (any shape) dequantised: (*index.shape, K)."""
         flat = index.reshape(-1)
         if self.form == "int4":
-            assert self.scale is not None and self.zero is not None
-            w = dequantize_int4(self.qs[flat], self.scale[flat], self.zero[flat], self.dtype)
+            assert self.scale is not None
+            zero = None if self.zero is None else self.zero[flat]
+            w = dequantize_int4(self.qs[flat], self.scale[flat], zero, self.dtype)
         elif self.form == "int8":
             assert self.scale is not None
             w = dequantize_int8(self.qs[flat], self.scale[flat], self.dtype)
@@ -106,7 +122,7 @@ class PackedRows(nn.Module):
             return _tiled(x, self.shape[0], self.rows)
         x32 = x.float()
         if self.form == "int4":
-            assert self.scale is not None and self.zero is not None
+            assert self.scale is not None
             y = int4_mm(x32, self.qs, self.scale, self.zero)
         else:
             assert self.scale is not None
