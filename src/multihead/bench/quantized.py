@@ -8,6 +8,12 @@ the thread count, times a prefill of `prefill` tokens (the last position's logit
 greedy decode of `new` tokens after a `prompt`-token prompt, and prints one JSON line.
 Engines: "quantized" (multihead, packed weights, float32 activations), "fp32" (multihead,
 `quantized=False`), "llama.cpp" (llama-cpp-python, only when asked: `--peer llama.cpp`).
+
+llama.cpp runs with its model parameter `use_extra_bufts` off unless `repack=True`: the extra
+buffer types repack weights for AMX / other CPU kernels at load, and on a CPU that reports AMX
+inside a VM that does not run it (this machine) llama-cpp-python 0.3.36 dies with SIGSEGV in
+ggml_backend_amx_mul_mat. With them off llama.cpp uses its ordinary CPU kernels (AVX-512 /
+VNNI on the file's blocks, activations quantised to 8 bits as llama.cpp always does).
 """
 
 from __future__ import annotations
@@ -24,12 +30,20 @@ from ..table import format_table
 
 _DECODE_CHILD = r"""
 import json, sys, time
-engine, path, threads, prompt, new, prefill = sys.argv[1:7]
+engine, path, threads, prompt, new, prefill, repack = sys.argv[1:8]
 threads, prompt, new, prefill = int(threads), int(prompt), int(new), int(prefill)
 import numpy as np
 rng = np.random.default_rng(0)
 if engine == "llama.cpp":
     import llama_cpp
+    import llama_cpp.llama
+    if repack == "0":  # no extra buffer types: llama.cpp's CPU weight repacking (AMX) off
+        defaults = llama_cpp.llama_model_default_params
+        def no_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+        llama_cpp.llama.llama_cpp.llama_model_default_params = no_extra_bufts
     llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
                           n_batch=512, verbose=False)
     vocab = llm.n_vocab()
@@ -71,11 +85,18 @@ ENGINES = ("quantized", "fp32")
 
 
 def _child(
-    engine: str, path: Path, threads: int, prompt: int, new: int, prefill: int, python: str
+    engine: str,
+    path: Path,
+    threads: int,
+    prompt: int,
+    new: int,
+    prefill: int,
+    python: str,
+    repack: bool = False,
 ) -> dict:
     done = subprocess.run(
         [python, "-c", _DECODE_CHILD, engine, str(path), str(threads), str(prompt),
-         str(new), str(prefill)],
+         str(new), str(prefill), "1" if repack else "0"],
         capture_output=True, text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"),
     )  # fmt: skip
     if done.returncode != 0:
@@ -93,6 +114,7 @@ def decode(
     rounds: int = 3,
     peer: str | None = None,
     python: str | None = None,
+    repack: bool = False,
 ) -> str:
     """The side-by-side table (see the module docstring)."""
     engines = [*ENGINES, *([peer] if peer else [])]
@@ -101,7 +123,9 @@ def decode(
         order = engines if r % 2 == 0 else engines[::-1]  # alternate who runs first
         for engine in order:
             exe = (python or sys.executable) if engine == peer else sys.executable
-            rows[engine].append(_child(engine, path, threads, prompt, new, prefill, exe))
+            rows[engine].append(
+                _child(engine, path, threads, prompt, new, prefill, exe, repack)
+            )
     base = rows["fp32"]
     table = []
     for engine in engines:
@@ -120,7 +144,9 @@ def decode(
     head = (
         f"{path.name}: greedy decode of {new} tokens after a {prompt}-token prompt; prefill of "
         f"{prefill} tokens; {threads} threads; {rounds} rounds, engines alternating, one process "
-        f"each; torch {torch.__version__}; medians, ratios per round to fp32\n"
+        f"each; torch {torch.__version__}; medians, ratios per round to fp32"
+        + ("; llama.cpp without weight repacking (use_extra_bufts off)" if peer and not repack else "")
+        + "\n"
     )
     headers = ["engine", "decode tok/s", "vs fp32", f"prefill {prefill} ms", "vs fp32", "tokens"]
     return head + format_table(headers, table)

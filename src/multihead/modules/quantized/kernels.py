@@ -506,6 +506,37 @@ def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor
     return _tiled(x, N, lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype))  # noqa: E501
 
 
+def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
+    """The constant arguments of the kernel for a packed matrix (pointers, dtype flag, N, K),
+    for `run_kernel`; None where the kernel cannot read it (no compiler, not on the CPU, a
+    layout it does not know)."""
+    if _library() is None or not _cpu_contiguous(qs, scale, zero):
+        return None
+    half = scale.dtype == torch.float16
+    zp = None if zero is None else zero.data_ptr()
+    if form == "int4":
+        return (True, qs.data_ptr(), scale.data_ptr(), zp, half, qs.shape[0], qs.shape[1] * 2)
+    return (False, qs.data_ptr(), scale.data_ptr(), zp, half, qs.shape[0], qs.shape[1])
+
+
+PARALLEL_MIN = 1 << 16  # weights below which one thread does the product (fork-join costs more)
+
+
+def run_kernel(x: Tensor, args: tuple) -> Tensor:
+    """x (M, K) float32, contiguous, on the CPU, M <= KERNEL_MAX_ROWS -> (M, N): the packed
+    product with `kernel_args`'s constants (the per-call work kept to the C call)."""
+    int4, qp, sp, zp, half, N, K = args
+    M = x.shape[0]
+    y = torch.empty(M, N)
+    lib = _library()
+    threads = torch.get_num_threads() if N * K >= PARALLEL_MIN else 1
+    if int4:
+        lib.mh_int4_mm(x.data_ptr(), qp, sp, zp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]  # noqa: E501
+    else:
+        lib.mh_int8_mm(x.data_ptr(), qp, sp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]  # noqa: E501
+    return y
+
+
 def _rows(t: Tensor | None, a: int, b: int) -> Tensor | None:
     return None if t is None else t[a:b]
 

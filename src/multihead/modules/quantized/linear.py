@@ -27,7 +27,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .kernels import (
+    KERNEL_MAX_ROWS,
     SCALE_DTYPES,
+    kernel_args,
+    run_kernel,
     _tiled,
     dequantize_int4,
     dequantize_int8,
@@ -112,11 +115,35 @@ class PackedRows(nn.Module):
     def matmul(self, x: Tensor) -> Tensor:
         """x (M, K) in the compute dtype -> (M, N); differentiable in x (the weight is not a
         parameter: it has no gradient)."""
+        if x.dim() != 2 or x.shape[1] != self.shape[1]:
+            raise ValueError(f"expected x of shape (M, {self.shape[1]}), got {tuple(x.shape)}")
         if x.requires_grad and torch.is_grad_enabled():
             return _PackedMatmul.apply(x, self)
         return self._matmul(x)
 
+    def _kernel_args(self) -> tuple | None:
+        """The kernel's constants for these buffers, remade when a buffer moved (`.to()`,
+        `load_state_dict`): plain ints, so the module still pickles and deep-copies."""
+        b = self._buffers
+        qs, scale, zero = b["qs"], b["scale"], b["zero"]
+        assert qs is not None and scale is not None
+        key = (qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr())
+        cached = self.__dict__.get("_kernel")
+        if cached is None or cached[0] != key:
+            cached = (key, kernel_args(self.form, qs, scale, zero))
+            self.__dict__["_kernel"] = cached
+        return cached[1]
+
     def _matmul(self, x: Tensor) -> Tensor:
+        if (
+            x.dtype == torch.float32
+            and x.shape[0] <= KERNEL_MAX_ROWS
+            and x.device.type == "cpu"
+            and self.form != "blocks"
+        ):
+            args = self._kernel_args()
+            if args is not None:
+                return run_kernel(x.contiguous(), args)
         if x.device.type != "cpu" or self.form == "blocks":
             # CUDA (and the file's own blocks): dequantise a tile of rows, multiply, repeat
             return _tiled(x, self.shape[0], self.rows)
@@ -170,9 +197,16 @@ class QuantizedLinear(nn.Module):
         return like
 
     def forward(self, x: Tensor) -> Tensor:
+        packed: PackedRows = self._modules["packed"]  # type: ignore[assignment]
+        shape = x.shape
+        if shape[-1] != self.in_features:  # (the kernel reads K values per row)
+            raise ValueError(
+                f"QuantizedLinear expects input (..., {self.in_features}), got {tuple(shape)}"
+            )
         # (..., K) -> (M, K) -> (M, N) -> (..., N)
-        y = self.packed.matmul(x.reshape(-1, self.in_features))
-        y = y.view(*x.shape[:-1], self.out_features)
+        y = packed.matmul(x.reshape(-1, shape[-1]) if len(shape) != 2 else x)
+        if len(shape) != 2:
+            y = y.view(shape[:-1] + (self.out_features,))
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
