@@ -428,3 +428,37 @@ def test_input_gradient_through_packed_matrix(rows):
     x64 = x.detach().double().requires_grad_()
     (x64 @ layer.weight.double().t()).pow(2).sum().backward()
     torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_ops_pass_opcheck():
+    """The custom operators torch.compile sees: real and fake kernels agree (shapes, dtypes),
+    schema and dispatch as torch.library.opcheck checks them."""
+    g = torch.Generator().manual_seed(0)
+    N, K = 24, 64
+    qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+    q8 = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+    scale = torch.rand(N, K // 32, generator=g).half()
+    x = torch.randn(3, K, generator=g)
+    index = torch.tensor([3, 0, 3])
+    for args in ((x, qs, scale, None, "int4"), (x, qs, scale, scale, "int4"), (x, q8, scale, None, "int8")):
+        torch.library.opcheck(kernels.packed_mm, args)
+    torch.library.opcheck(kernels.packed_take, (qs, scale, None, index, "int4", K))
+    torch.library.opcheck(kernels.packed_take, (q8, scale, None, index, "int8", K))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0"])  # (the int8 operator: opcheck above)
+def test_packed_model_compiles_fullgraph(tmp_path, qtype):
+    """torch.compile(fullgraph=True) takes a packed model (the products are operators, not
+    ctypes calls) and gives the eager logits; generate(compile=True) the eager tokens."""
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    write_gguf(path, "llama", qtype)
+    model = multihead.load(path)
+    assert isinstance(model.tok, QuantizedEmbedding)
+    ids = torch.tensor([[5, 17, 2, 40, 11, 63, 7]])
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(ids[:, :1]), model(ids[:, :1]), rtol=1e-5, atol=1e-5)
+        tokens = model.generate(ids, 4, compile={"backend": "aot_eager"})
+    assert torch.equal(tokens, model.generate(ids, 4))

@@ -62,14 +62,22 @@ else:
     import torch
     torch.set_num_threads(threads)
     import multihead
-    model = multihead.load(path, quantized=engine == "quantized")
+    kind, _, compiled = engine.partition(" ")
+    model = multihead.load(path, quantized=kind == "quantized")
     vocab = model.config.vocab_size
     def greedy(ids, n):
         with torch.no_grad():
-            return model.generate(torch.tensor([ids]), n)[0, len(ids):].tolist()
+            out = model.generate(torch.tensor([ids]), n, compile=bool(compiled))
+            return out[0, len(ids):].tolist()
     def run_prefill(ids):
+        if compiled:  # (the prefill is timed eager, in the uncompiled rows)
+            return
         with torch.no_grad():
             model(torch.tensor([ids]), last_only=True)
+isa = ""
+if engine.startswith("quantized"):
+    from multihead.modules.quantized import kernels
+    isa = kernels.kernel_isa() or "none (torch)"
 prompt_ids = rng.integers(100, vocab - 100, prompt).tolist()
 prefill_ids = rng.integers(100, vocab - 100, prefill).tolist()
 greedy(prompt_ids, 2)  # warm up
@@ -78,10 +86,11 @@ t = time.perf_counter(); tokens = greedy(prompt_ids, new); total = time.perf_cou
 run_prefill(prefill_ids[:64])
 t = time.perf_counter(); run_prefill(prefill_ids); pre = time.perf_counter() - t
 print(json.dumps(dict(decode_tps=(new - 1) / max(1e-9, total - first), prefill_s=pre,
-                      tokens=tokens[:8])))
+                      tokens=tokens[:8], isa=isa)))
 """
 
 ENGINES = ("quantized", "fp32")
+COMPILED = ("quantized compiled", "fp32 compiled")  # generate(compile=True): inductor
 
 
 def _child(
@@ -115,9 +124,11 @@ def decode(
     peer: str | None = None,
     python: str | None = None,
     repack: bool = False,
+    compiled: bool = False,
 ) -> str:
-    """The side-by-side table (see the module docstring)."""
-    engines = [*ENGINES, *([peer] if peer else [])]
+    """The side-by-side table (see the module docstring); `compiled` adds both multihead
+    engines under `generate(compile=True)` (decode only: their prefill is the eager one)."""
+    engines = [*ENGINES, *(COMPILED if compiled else ()), *([peer] if peer else [])]
     rows: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
         order = engines if r % 2 == 0 else engines[::-1]  # alternate who runs first
@@ -131,12 +142,14 @@ def decode(
     for engine in engines:
         tps = [x["decode_tps"] for x in rows[engine]]
         pre = [x["prefill_s"] for x in rows[engine]]
+        eager = engine not in COMPILED
         table.append([
             engine,
             f"{statistics.median(tps):.1f}",
             f"{statistics.median(t / b['decode_tps'] for t, b in zip(tps, base, strict=True)):.2f}x",  # noqa: E501
-            f"{statistics.median(pre) * 1e3:.0f}",
-            f"{statistics.median(p / b['prefill_s'] for p, b in zip(pre, base, strict=True)):.2f}x",
+            f"{statistics.median(pre) * 1e3:.0f}" if eager else "-",
+            f"{statistics.median(p / b['prefill_s'] for p, b in zip(pre, base, strict=True)):.2f}x"
+            if eager else "-",
             "same" if rows[engine][0]["tokens"] == base[0]["tokens"] else "differ",
         ])  # fmt: skip
     import torch
@@ -144,7 +157,8 @@ def decode(
     head = (
         f"{path.name}: greedy decode of {new} tokens after a {prompt}-token prompt; prefill of "
         f"{prefill} tokens; {threads} threads; {rounds} rounds, engines alternating, one process "
-        f"each; torch {torch.__version__}; medians, ratios per round to fp32"
+        f"each; torch {torch.__version__}; packed kernel: {rows['quantized'][0]['isa']}; "
+        "medians, ratios per round to fp32"
         + ("; llama.cpp without weight repacking (use_extra_bufts off)" if peer and not repack else "")
         + "\n"
     )

@@ -581,3 +581,38 @@ def tiled_transposed(g: Tensor, N: int, K: int, rows) -> Tensor:
         b = min(N, a + step)
         out += g[:, a:b] @ rows(a, b)
     return out
+
+
+# -- the products as torch operators (what torch.compile sees) ------------------------------
+
+
+@torch.library.custom_op("multihead::packed_mm", mutates_args=())
+def packed_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
+    """x (M, K) float32 @ w^T -> (M, N) float32, w the `form` ("int4" or "int8") packed
+    matrix: an opaque operator, so torch.compile (fullgraph) calls the kernel instead of
+    tracing into ctypes."""
+    if form == "int4":
+        return int4_mm(x, qs, scale, zero)
+    return int8_mm(x, qs, scale)
+
+
+@packed_mm.register_fake
+def _packed_mm_fake(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
+    return x.new_empty(x.shape[0], qs.shape[0])
+
+
+@torch.library.custom_op("multihead::packed_take", mutates_args=())
+def packed_take(
+    qs: Tensor, scale: Tensor, zero: Tensor | None, index: Tensor, form: str, k: int
+) -> Tensor:
+    """The packed rows `index` (1-D) dequantised to float32: (len(index), k)."""
+    if form == "int4":
+        return dequantize_int4(qs[index], scale[index], None if zero is None else zero[index])
+    return dequantize_int8(qs[index], scale[index])
+
+
+@packed_take.register_fake
+def _packed_take_fake(
+    qs: Tensor, scale: Tensor, zero: Tensor | None, index: Tensor, form: str, k: int
+) -> Tensor:
+    return scale.new_empty(index.shape[0], k, dtype=torch.float32)

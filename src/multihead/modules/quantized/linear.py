@@ -30,6 +30,8 @@ from .kernels import (
     KERNEL_MAX_ROWS,
     SCALE_DTYPES,
     kernel_args,
+    packed_mm,
+    packed_take,
     run_kernel,
     _tiled,
     dequantize_int4,
@@ -100,7 +102,10 @@ class PackedRows(nn.Module):
     def take(self, index: Tensor) -> Tensor:
         """The rows `index` (any shape) dequantised: (*index.shape, K)."""
         flat = index.reshape(-1)
-        if self.form == "int4":
+        if self.form != "blocks" and torch.compiler.is_compiling():
+            w = packed_take(self.qs, self.scale, self.zero, flat, self.form, self.shape[1])
+            w = w.to(self.dtype)
+        elif self.form == "int4":
             assert self.scale is not None
             zero = None if self.zero is None else self.zero[flat]
             w = dequantize_int4(self.qs[flat], self.scale[flat], zero, self.dtype)
@@ -135,6 +140,8 @@ class PackedRows(nn.Module):
         return cached[1]
 
     def _matmul(self, x: Tensor) -> Tensor:
+        if self.form != "blocks" and x.device.type == "cpu" and torch.compiler.is_compiling():
+            return packed_mm(x.float(), self.qs, self.scale, self.zero, self.form).to(x.dtype)
         if (
             x.dtype == torch.float32
             and x.shape[0] <= KERNEL_MAX_ROWS
