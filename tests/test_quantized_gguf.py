@@ -108,7 +108,8 @@ def test_avx2_and_scalar_kernels_against_float64(flags, monkeypatch):
     if kernels._library() is None:
         pytest.skip("no C compiler here (the torch path is tested above)")
     lib = kernels._library(flags)
-    avx2 = " avx2 " in open("/proc/cpuinfo").read().replace("\n", " ")
+    with open("/proc/cpuinfo") as f:
+        avx2 = " avx2 " in f.read().replace("\n", " ")
     assert lib is not None and lib.mh_isa() == (256 if len(flags) == 1 and avx2 else 0)
     monkeypatch.setattr(kernels, "_library", lambda extra=(): lib)
     for stored in ("float16", "float32", "implicit zero"):
@@ -440,7 +441,11 @@ def test_packed_ops_pass_opcheck():
     scale = torch.rand(N, K // 32, generator=g).half()
     x = torch.randn(3, K, generator=g)
     index = torch.tensor([3, 0, 3])
-    for args in ((x, qs, scale, None, "int4"), (x, qs, scale, scale, "int4"), (x, q8, scale, None, "int8")):
+    for args in (
+        (x, qs, scale, None, "int4"),
+        (x, qs, scale, scale, "int4"),
+        (x, q8, scale, None, "int8"),
+    ):
         torch.library.opcheck(kernels.packed_mm, args)
     torch.library.opcheck(kernels.packed_take, (qs, scale, None, index, "int4", K))
     torch.library.opcheck(kernels.packed_take, (q8, scale, None, index, "int8", K))

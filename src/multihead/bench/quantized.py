@@ -134,9 +134,7 @@ def decode(
         order = engines if r % 2 == 0 else engines[::-1]  # alternate who runs first
         for engine in order:
             exe = (python or sys.executable) if engine == peer else sys.executable
-            rows[engine].append(
-                _child(engine, path, threads, prompt, new, prefill, exe, repack)
-            )
+            rows[engine].append(_child(engine, path, threads, prompt, new, prefill, exe, repack))
     base = rows["fp32"]
     table = []
     for engine in engines:
@@ -159,7 +157,11 @@ def decode(
         f"{prefill} tokens; {threads} threads; {rounds} rounds, engines alternating, one process "
         f"each; torch {torch.__version__}; packed kernel: {rows['quantized'][0]['isa']}; "
         "medians, ratios per round to fp32"
-        + ("; llama.cpp without weight repacking (use_extra_bufts off)" if peer and not repack else "")
+        + (
+            "; llama.cpp without weight repacking (use_extra_bufts off)"
+            if peer and not repack
+            else ""
+        )
         + "\n"
     )
     headers = ["engine", "decode tok/s", "vs fp32", f"prefill {prefill} ms", "vs fp32", "tokens"]

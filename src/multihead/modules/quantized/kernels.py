@@ -61,6 +61,8 @@ _SOURCE = r"""
 #define MH_ISA 0
 #endif
 
+#define MH_LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
+
 int mh_isa(void) { return MH_ISA; }
 
 /* IEEE half -> float, exact (subnormals, inf and NaN included) */
@@ -109,6 +111,15 @@ static inline void mh_row_scales(const void *scale, const void *zero, int half, 
 }
 
 #if MH_ISA == 512
+/* 16 int8 -> 16 floats */
+static inline __m512 mh_i8f(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+/* the table t (16 floats) read at the low 4 bits of v's lanes */
+static inline __m512 mh_lut(__m512i v, __m512 t) { return _mm512_permutexvar_ps(v, t); }
+/* the table s q + z, q = 0..15 */
+static inline __m512 mh_table(float s, float z) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_fmadd_ps(iota, _mm512_set1_ps(s), _mm512_set1_ps(z));
+}
 static inline float mh_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 #elif MH_ISA == 256
 static inline float mh_hsum(__m256 v) {
@@ -151,27 +162,29 @@ void mh_int4_mm(const float *x, const uint8_t *qs, const void *scale, const void
             /* per group, the 16 values s q + z (q = 0..15) form a table that vpermps indexes
                with the nibbles (it reads the low 4 bits of each index): the weights come out
                dequantised, as the dequantiser makes them, with no int -> float conversion */
-            const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
             if (M == 1) {
                 __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                 long g = 0;
                 for (; g + 1 < G; g += 2) {
-                    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qn + g * 16)));
-                    __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qn + g * 16 + 16)));
-                    __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[g]), _mm512_set1_ps(zf[g]));
-                    __m512 t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[g + 1]), _mm512_set1_ps(zf[g + 1]));
+                    __m512i v0 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
+                    __m512i v1 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16 + 16));
+                    __m512 t0 = mh_table(sf[g], zf[g]);
+                    __m512 t1 = mh_table(sf[g + 1], zf[g + 1]);
                     const float *xg = x + g * 32;
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), _mm512_permutexvar_ps(v0, t0), a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0), a1);
-                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 32), _mm512_permutexvar_ps(v1, t1), a2);
-                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), t1), a3);
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), mh_lut(v0, t0), a0);
+                    __m512i h0 = _mm512_srli_epi32(v0, 4);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), mh_lut(h0, t0), a1);
+                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 32), mh_lut(v1, t1), a2);
+                    __m512i h1 = _mm512_srli_epi32(v1, 4);
+                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), mh_lut(h1, t1), a3);
                 }
                 for (; g < G; g++) {
-                    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qn + g * 16)));
-                    __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[g]), _mm512_set1_ps(zf[g]));
+                    __m512i v0 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
+                    __m512 t0 = mh_table(sf[g], zf[g]);
                     const float *xg = x + g * 32;
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), _mm512_permutexvar_ps(v0, t0), a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0), a1);
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), mh_lut(v0, t0), a0);
+                    __m512i h0 = _mm512_srli_epi32(v0, 4);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), mh_lut(h0, t0), a1);
                 }
                 y[n] = mh_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
                 continue;
@@ -179,10 +192,10 @@ void mh_int4_mm(const float *x, const uint8_t *qs, const void *scale, const void
             __m512 acc[MH_MAX_ROWS], acc2[MH_MAX_ROWS];
             for (long m = 0; m < M; m++) acc[m] = acc2[m] = _mm512_setzero_ps();
             for (long g = 0; g < G; g++) {
-                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qn + g * 16)));
-                __m512 t = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[g]), _mm512_set1_ps(zf[g]));
-                __m512 lo = _mm512_permutexvar_ps(v, t);
-                __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t);
+                __m512i v = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
+                __m512 t = mh_table(sf[g], zf[g]);
+                __m512 lo = mh_lut(v, t);
+                __m512 hi = mh_lut(_mm512_srli_epi32(v, 4), t);
                 for (long m = 0; m < M; m++) {
                     const float *xg = x + m * K + g * 32;
                     acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg), lo, acc[m]);
@@ -195,7 +208,7 @@ void mh_int4_mm(const float *x, const uint8_t *qs, const void *scale, const void
             for (long m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
             const __m128i mask = _mm_set1_epi8(15);
             for (long g = 0; g < G; g++) {
-                __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
+                __m128i b = MH_LOAD16(qn + g * 16);
                 __m128i lo = _mm_and_si128(b, mask);
                 __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
                 __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
@@ -249,7 +262,7 @@ void mh_int4_rows(const uint8_t *qs, const void *scale, const void *zero, int ha
                 const float s = sf[g], z = zf[g];
                 float *out = w + n * K + g * 32;
 #if MH_ISA == 512
-                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+                __m512i v = _mm512_cvtepu8_epi32(MH_LOAD16(b));
                 __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z);
                 _mm512_storeu_ps(out, _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), vs, vz));
@@ -302,10 +315,10 @@ void mh_int8_mm(const float *x, const int8_t *qs, const void *scale, int half, f
             long g = 0;
             for (; g + 1 < G; g += 2) {
                 const int8_t *b = qn + g * 32;
-                __m512 a0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b)));
-                __m512 b0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 16))));
-                __m512 a1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 32))));
-                __m512 b1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 48))));
+                __m512 a0 = mh_i8f(MH_LOAD16(b));
+                __m512 b0 = mh_i8f(MH_LOAD16(b + 16));
+                __m512 a1 = mh_i8f(MH_LOAD16(b + 32));
+                __m512 b1 = mh_i8f(MH_LOAD16(b + 48));
                 __m512 s0 = _mm512_set1_ps(sf[g]), s1 = _mm512_set1_ps(sf[g + 1]);
                 for (long m = 0; m < M; m++) {
                     const float *xg = x + m * K + g * 32;
@@ -319,8 +332,8 @@ void mh_int8_mm(const float *x, const int8_t *qs, const void *scale, int half, f
             }
             for (; g < G; g++) {
                 const int8_t *b = qn + g * 32;
-                __m512 a0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b)));
-                __m512 b0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 16))));
+                __m512 a0 = mh_i8f(MH_LOAD16(b));
+                __m512 b0 = mh_i8f(MH_LOAD16(b + 16));
                 __m512 s0 = _mm512_set1_ps(sf[g]);
                 for (long m = 0; m < M; m++) {
                     const float *xg = x + m * K + g * 32;
@@ -503,7 +516,9 @@ def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor
             y.data_ptr(), M, N, K, torch.get_num_threads(),
         )  # fmt: skip
         return y
-    return _tiled(x, N, lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype))  # noqa: E501
+    return _tiled(
+        x, N, lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype)
+    )
 
 
 def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
@@ -531,9 +546,9 @@ def run_kernel(x: Tensor, args: tuple) -> Tensor:
     lib = _library()
     threads = torch.get_num_threads() if N * K >= PARALLEL_MIN else 1
     if int4:
-        lib.mh_int4_mm(x.data_ptr(), qp, sp, zp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]  # noqa: E501
+        lib.mh_int4_mm(x.data_ptr(), qp, sp, zp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]
     else:
-        lib.mh_int8_mm(x.data_ptr(), qp, sp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]  # noqa: E501
+        lib.mh_int8_mm(x.data_ptr(), qp, sp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]
     return y
 
 

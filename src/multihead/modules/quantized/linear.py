@@ -29,15 +29,15 @@ from torch import Tensor, nn
 from .kernels import (
     KERNEL_MAX_ROWS,
     SCALE_DTYPES,
-    kernel_args,
-    packed_mm,
-    packed_take,
-    run_kernel,
     _tiled,
     dequantize_int4,
     dequantize_int8,
     int4_mm,
     int8_mm,
+    kernel_args,
+    packed_mm,
+    packed_take,
+    run_kernel,
     tiled_transposed,
 )
 
@@ -91,9 +91,7 @@ class PackedRows(nn.Module):
         if self.form == "int4":
             assert self.scale is not None
             zero = None if self.zero is None else self.zero[start:stop]
-            return dequantize_int4(
-                self.qs[start:stop], self.scale[start:stop], zero, self.dtype
-            )
+            return dequantize_int4(self.qs[start:stop], self.scale[start:stop], zero, self.dtype)
         if self.form == "int8":
             assert self.scale is not None
             return dequantize_int8(self.qs[start:stop], self.scale[start:stop], self.dtype)
@@ -213,7 +211,7 @@ class QuantizedLinear(nn.Module):
         # (..., K) -> (M, K) -> (M, N) -> (..., N)
         y = packed.matmul(x.reshape(-1, shape[-1]) if len(shape) != 2 else x)
         if len(shape) != 2:
-            y = y.view(shape[:-1] + (self.out_features,))
+            y = y.view((*shape[:-1], self.out_features))
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
