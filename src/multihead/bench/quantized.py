@@ -283,6 +283,4 @@ def load_shape(shape_name: str = "llama3-8b", tokens: int = 128, folder: str | N
                "peak RSS GiB", "hooks", "finite"]  # fmt: skip
     title = f"random {shape_name}-shaped Q4_0 GGUF (written, loaded, deleted); run_with_cache "
     title += "under torch.no_grad()\n"
-    return title + format_table(
-        headers, rows
-    )
+    return title + format_table(headers, rows)
