@@ -6,6 +6,7 @@ dequantised load, and bad input."""
 from __future__ import annotations
 
 import os
+import platform
 
 import gguf
 import numpy as np
@@ -49,9 +50,10 @@ def our_values(qtype: Q, raw: np.ndarray, cols: int) -> torch.Tensor:
     block, size = GGML_QUANT_SIZES[qtype]
     qs, scale, zero, _ = _CONVERT[qtype](raw.reshape(raw.shape[0], cols // block, size))
     qs = torch.from_numpy(np.array(qs, order="C")).reshape(raw.shape[0], -1)
-    if zero is None:
+    if qtype == Q.Q8_0:
         return kernels.dequantize_int8(qs, torch.from_numpy(scale))
-    return kernels.dequantize_int4(qs, torch.from_numpy(scale), torch.from_numpy(zero))
+    zero = None if zero is None else torch.from_numpy(zero)
+    return kernels.dequantize_int4(qs, torch.from_numpy(scale), zero)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K])
@@ -69,23 +71,50 @@ def test_packed_forms_equal_gguf_dequantiser(qtype):
 
 @pytest.mark.parametrize("rows", [1, 3, kernels.KERNEL_MAX_ROWS + 1])  # kernel, kernel, GEMM
 @pytest.mark.parametrize("no_kernels", [False, True])
-def test_products_against_float64(rows, no_kernels, monkeypatch):
+@pytest.mark.parametrize("stored", ["float16", "float32", "implicit zero"])
+def test_products_against_float64(rows, no_kernels, stored, monkeypatch):
     if no_kernels:
-        monkeypatch.setattr(kernels, "_library", lambda: None)
+        monkeypatch.setattr(kernels, "_library", lambda extra=(): None)
+    _check_products(rows, stored)
+
+
+def _check_products(rows: int, stored: str) -> None:
     g = torch.Generator().manual_seed(0)
-    N, K = 40, 96
+    N, K = 40, 96 + 32 * 16  # 19 groups: the two-group loops' remainder, the 16-wide scales'
+    dtype = torch.float32 if stored == "float32" else torch.float16
     qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
-    scale, zero = torch.rand(N, K // 32, generator=g), torch.randn(N, K // 32, generator=g)
+    scale = torch.rand(N, K // 32, generator=g).to(dtype)
+    zero = None if stored == "implicit zero" else torch.randn(N, K // 32, generator=g).to(dtype)
     q8 = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
     x = torch.randn(rows, K, generator=g)
-    w4 = kernels.dequantize_int4(qs, scale, zero).double()
-    w8 = kernels.dequantize_int8(q8, scale).double()
-    torch.testing.assert_close(
-        kernels.int4_mm(x, qs, scale, zero).double(), x.double() @ w4.t(), rtol=1e-4, atol=1e-4
-    )
-    torch.testing.assert_close(
-        kernels.int8_mm(x, q8, scale).double(), x.double() @ w8.t(), rtol=1e-4, atol=1e-4
-    )
+    # the reference: the textbook dequantisation in float64
+    q = torch.cat((qs.view(N, -1, 16) & 15, qs.view(N, -1, 16) >> 4), -1).double()  # (N, G, 32)
+    s = scale.double()[..., None]
+    z = -8 * s if zero is None else zero.double()[..., None]
+    w4 = (q * s + z).view(N, K)
+    w8 = (q8.view(N, -1, 32).double() * s).view(N, K)
+    torch.testing.assert_close(kernels.dequantize_int4(qs, scale, zero).double(), w4)
+    torch.testing.assert_close(kernels.dequantize_int8(q8, scale).double(), w8)
+    for ours, w in ((kernels.int4_mm(x, qs, scale, zero), w4), (kernels.int8_mm(x, q8, scale), w8)):
+        expected = x.double() @ w.t()
+        atol = 1e-6 * float(expected.abs().max())  # float32 sums of 608 terms
+        torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=atol)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 compiler flags")
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
+def test_avx2_and_scalar_kernels_against_float64(flags, monkeypatch):
+    """The kernel compiled without AVX-512 (the AVX2 path) and without AVX2 (the scalar one)."""
+    if kernels._library() is None:
+        pytest.skip("no C compiler here (the torch path is tested above)")
+    lib = kernels._library(flags)
+    with open("/proc/cpuinfo") as f:
+        avx2 = " avx2 " in f.read().replace("\n", " ")
+    assert lib is not None and lib.mh_isa() == (256 if len(flags) == 1 and avx2 else 0)
+    monkeypatch.setattr(kernels, "_library", lambda extra=(): lib)
+    for stored in ("float16", "float32", "implicit zero"):
+        for rows in (1, 3):
+            _check_products(rows, stored)
 
 
 def write_raw_gguf(path, qtype: Q) -> None:
@@ -152,6 +181,40 @@ def test_tiny_files_of_each_type(tmp_path, qtype):
         torch.testing.assert_close(packed(ids), expected, rtol=1e-4, atol=atol)
         one = packed(ids[:, :1])  # the kernel's row counts (one token) too
         torch.testing.assert_close(one, plain(ids[:, :1]), rtol=1e-4, atol=atol)
+
+
+STORED = {  # (scale dtype, zero dtype): the file's own float16 values kept as they are
+    "Q4_0": (torch.float16, None),  # zero -8 d: implicit, nothing stored
+    "Q4_1": (torch.float16, torch.float16),
+    "Q8_0": (torch.float16, None),
+    "Q4_K": (torch.float32, torch.float32),  # d sc and -dmin mn: products, exact in float32
+}
+
+
+@pytest.mark.parametrize("qtype", list(STORED))
+def test_storage_layout_against_gguf_dequantiser(tmp_path, qtype):
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    if qtype in WRITABLE:
+        write_gguf(path, "llama", qtype)
+    else:
+        write_raw_gguf(path, Q[qtype])
+    down = multihead.load(path).layers[0].ffn.down
+    packed = down.packed
+    scale_dtype, zero_dtype = STORED[qtype]
+    assert packed.scale.dtype == scale_dtype
+    assert (packed.zero is None) if zero_dtype is None else packed.zero.dtype == zero_dtype
+    g = packed.shape[1] // 32
+    assert packed.qs.nbytes + packed.scale.nbytes + (packed.zero is None or packed.zero.nbytes) <= (
+        packed.shape[0] * g * ({"Q4_K": 16 + 8} | {"Q8_0": 32 + 2}).get(qtype, 16 + 4) + 1
+    )
+    tensor = GGUFFile(path).tensors["blk.0.ffn_down.weight"]
+    raw = np.fromfile(path, np.uint8, tensor.nbytes, offset=tensor.offset)
+    expected = gguf.quants.dequantize(raw.reshape(packed.shape[0], -1), Q[qtype])
+    np.testing.assert_array_equal(down.weight.numpy(), expected.reshape(packed.shape))
+    x = torch.randn(1, packed.shape[1], generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        down(x).double(), x.double() @ torch.from_numpy(expected).double().t(), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_nan_scale_is_refused_by_name(tmp_path):
@@ -366,3 +429,41 @@ def test_input_gradient_through_packed_matrix(rows):
     x64 = x.detach().double().requires_grad_()
     (x64 @ layer.weight.double().t()).pow(2).sum().backward()
     torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_ops_pass_opcheck():
+    """The custom operators torch.compile sees: real and fake kernels agree (shapes, dtypes),
+    schema and dispatch as torch.library.opcheck checks them."""
+    g = torch.Generator().manual_seed(0)
+    N, K = 24, 64
+    qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+    q8 = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+    scale = torch.rand(N, K // 32, generator=g).half()
+    x = torch.randn(3, K, generator=g)
+    index = torch.tensor([3, 0, 3])
+    for args in (
+        (x, qs, scale, None, "int4"),
+        (x, qs, scale, scale, "int4"),
+        (x, q8, scale, None, "int8"),
+    ):
+        torch.library.opcheck(kernels.packed_mm, args)
+    torch.library.opcheck(kernels.packed_take, (qs, scale, None, index, "int4", K))
+    torch.library.opcheck(kernels.packed_take, (q8, scale, None, index, "int8", K))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0"])  # (the int8 operator: opcheck above)
+def test_packed_model_compiles_fullgraph(tmp_path, qtype):
+    """torch.compile(fullgraph=True) takes a packed model (the products are operators, not
+    ctypes calls) and gives the eager logits; generate(compile=True) the eager tokens."""
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    write_gguf(path, "llama", qtype)
+    model = multihead.load(path)
+    assert isinstance(model.tok, QuantizedEmbedding)
+    ids = torch.tensor([[5, 17, 2, 40, 11, 63, 7]])
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(ids[:, :1]), model(ids[:, :1]), rtol=1e-5, atol=1e-5)
+        tokens = model.generate(ids, 4, compile={"backend": "aot_eager"})
+    assert torch.equal(tokens, model.generate(ids, 4))

@@ -8,6 +8,12 @@ the thread count, times a prefill of `prefill` tokens (the last position's logit
 greedy decode of `new` tokens after a `prompt`-token prompt, and prints one JSON line.
 Engines: "quantized" (multihead, packed weights, float32 activations), "fp32" (multihead,
 `quantized=False`), "llama.cpp" (llama-cpp-python, only when asked: `--peer llama.cpp`).
+
+llama.cpp runs with its model parameter `use_extra_bufts` off unless `repack=True`: the extra
+buffer types repack weights for AMX / other CPU kernels at load, and on a CPU that reports AMX
+inside a VM that does not run it (this machine) llama-cpp-python 0.3.36 dies with SIGSEGV in
+ggml_backend_amx_mul_mat. With them off llama.cpp uses its ordinary CPU kernels (AVX-512 /
+VNNI on the file's blocks, activations quantised to 8 bits as llama.cpp always does).
 """
 
 from __future__ import annotations
@@ -24,12 +30,20 @@ from ..table import format_table
 
 _DECODE_CHILD = r"""
 import json, sys, time
-engine, path, threads, prompt, new, prefill = sys.argv[1:7]
+engine, path, threads, prompt, new, prefill, repack = sys.argv[1:8]
 threads, prompt, new, prefill = int(threads), int(prompt), int(new), int(prefill)
 import numpy as np
 rng = np.random.default_rng(0)
 if engine == "llama.cpp":
     import llama_cpp
+    import llama_cpp.llama
+    if repack == "0":  # no extra buffer types: llama.cpp's CPU weight repacking (AMX) off
+        defaults = llama_cpp.llama_model_default_params
+        def no_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+        llama_cpp.llama.llama_cpp.llama_model_default_params = no_extra_bufts
     llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
                           n_batch=512, verbose=False)
     vocab = llm.n_vocab()
@@ -48,34 +62,53 @@ else:
     import torch
     torch.set_num_threads(threads)
     import multihead
-    model = multihead.load(path, quantized=engine == "quantized")
+    kind, _, compiled = engine.partition(" ")
+    model = multihead.load(path, quantized=kind == "quantized")
     vocab = model.config.vocab_size
     def greedy(ids, n):
         with torch.no_grad():
-            return model.generate(torch.tensor([ids]), n)[0, len(ids):].tolist()
+            out = model.generate(torch.tensor([ids]), n, compile=bool(compiled))
+            return out[0, len(ids):].tolist()
     def run_prefill(ids):
+        if compiled:  # (the prefill is timed eager, in the uncompiled rows)
+            return
         with torch.no_grad():
             model(torch.tensor([ids]), last_only=True)
+isa = ""
+if engine.startswith("quantized"):
+    from multihead.modules.quantized import kernels
+    isa = kernels.kernel_isa() or "none (torch)"
 prompt_ids = rng.integers(100, vocab - 100, prompt).tolist()
 prefill_ids = rng.integers(100, vocab - 100, prefill).tolist()
 greedy(prompt_ids, 2)  # warm up
+if engine.endswith("compiled"):  # compiled: each cache length timed below compiles first
+    greedy(prompt_ids, 1)
+    greedy(prompt_ids, new)
 t = time.perf_counter(); greedy(prompt_ids, 1); first = time.perf_counter() - t
 t = time.perf_counter(); tokens = greedy(prompt_ids, new); total = time.perf_counter() - t
 run_prefill(prefill_ids[:64])
 t = time.perf_counter(); run_prefill(prefill_ids); pre = time.perf_counter() - t
 print(json.dumps(dict(decode_tps=(new - 1) / max(1e-9, total - first), prefill_s=pre,
-                      tokens=tokens[:8])))
+                      tokens=tokens[:8], isa=isa)))
 """
 
 ENGINES = ("quantized", "fp32")
+COMPILED = ("quantized compiled", "fp32 compiled")  # generate(compile=True): inductor
 
 
 def _child(
-    engine: str, path: Path, threads: int, prompt: int, new: int, prefill: int, python: str
+    engine: str,
+    path: Path,
+    threads: int,
+    prompt: int,
+    new: int,
+    prefill: int,
+    python: str,
+    repack: bool = False,
 ) -> dict:
     done = subprocess.run(
         [python, "-c", _DECODE_CHILD, engine, str(path), str(threads), str(prompt),
-         str(new), str(prefill)],
+         str(new), str(prefill), "1" if repack else "0"],
         capture_output=True, text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"),
     )  # fmt: skip
     if done.returncode != 0:
@@ -93,26 +126,31 @@ def decode(
     rounds: int = 3,
     peer: str | None = None,
     python: str | None = None,
+    repack: bool = False,
+    compiled: bool = False,
 ) -> str:
-    """The side-by-side table (see the module docstring)."""
-    engines = [*ENGINES, *([peer] if peer else [])]
+    """The side-by-side table (see the module docstring); `compiled` adds both multihead
+    engines under `generate(compile=True)` (decode only: their prefill is the eager one)."""
+    engines = [*ENGINES, *(COMPILED if compiled else ()), *([peer] if peer else [])]
     rows: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
         order = engines if r % 2 == 0 else engines[::-1]  # alternate who runs first
         for engine in order:
             exe = (python or sys.executable) if engine == peer else sys.executable
-            rows[engine].append(_child(engine, path, threads, prompt, new, prefill, exe))
+            rows[engine].append(_child(engine, path, threads, prompt, new, prefill, exe, repack))
     base = rows["fp32"]
     table = []
     for engine in engines:
         tps = [x["decode_tps"] for x in rows[engine]]
         pre = [x["prefill_s"] for x in rows[engine]]
+        eager = engine not in COMPILED
         table.append([
             engine,
             f"{statistics.median(tps):.1f}",
             f"{statistics.median(t / b['decode_tps'] for t, b in zip(tps, base, strict=True)):.2f}x",  # noqa: E501
-            f"{statistics.median(pre) * 1e3:.0f}",
-            f"{statistics.median(p / b['prefill_s'] for p, b in zip(pre, base, strict=True)):.2f}x",
+            f"{statistics.median(pre) * 1e3:.0f}" if eager else "-",
+            f"{statistics.median(p / b['prefill_s'] for p, b in zip(pre, base, strict=True)):.2f}x"
+            if eager else "-",
             "same" if rows[engine][0]["tokens"] == base[0]["tokens"] else "differ",
         ])  # fmt: skip
     import torch
@@ -120,7 +158,14 @@ def decode(
     head = (
         f"{path.name}: greedy decode of {new} tokens after a {prompt}-token prompt; prefill of "
         f"{prefill} tokens; {threads} threads; {rounds} rounds, engines alternating, one process "
-        f"each; torch {torch.__version__}; medians, ratios per round to fp32\n"
+        f"each; torch {torch.__version__}; packed kernel: {rows['quantized'][0]['isa']}; "
+        "medians, ratios per round to fp32"
+        + (
+            "; llama.cpp without weight repacking (use_extra_bufts off)"
+            if peer and not repack
+            else ""
+        )
+        + "\n"
     )
     headers = ["engine", "decode tok/s", "vs fp32", f"prefill {prefill} ms", "vs fp32", "tokens"]
     return head + format_table(headers, table)
@@ -149,7 +194,8 @@ after_load = rss()
 g = torch.Generator().manual_seed(0)
 ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=g)
 t = time.perf_counter()
-logits, cache = model.run_with_cache(ids)
+with torch.no_grad():  # inspection: no autograd graph (with one, 8B peaks ~2.8 GiB higher)
+    logits, cache = model.run_with_cache(ids)
 run_s = time.perf_counter() - t
 finite = bool(torch.isfinite(logits).all())
 print(json.dumps(dict(load_s=load_s, run_s=run_s, before=before, after_load=after_load,
@@ -235,6 +281,6 @@ def load_shape(shape_name: str = "llama3-8b", tokens: int = 128, folder: str | N
     ]]  # fmt: skip
     headers = ["file GiB", "load s", "RSS after load GiB", f"run_with_cache {tokens} s",
                "peak RSS GiB", "hooks", "finite"]  # fmt: skip
-    return f"random {shape_name}-shaped Q4_0 GGUF (written, loaded, deleted)\n" + format_table(
-        headers, rows
-    )
+    title = f"random {shape_name}-shaped Q4_0 GGUF (written, loaded, deleted); run_with_cache "
+    title += "under torch.no_grad()\n"
+    return title + format_table(headers, rows)

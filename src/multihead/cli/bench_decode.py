@@ -70,6 +70,18 @@ def add_arguments(parser) -> None:
         default=None,
         help="the Python that imports llama_cpp (default: this one)",
     )
+    parser.add_argument(
+        "--peer-repack",
+        action="store_true",
+        help="with --peer llama.cpp: keep llama.cpp's CPU weight repacking (extra buffer types, "
+        "AMX) on; off by default because llama-cpp-python 0.3.36 crashes in it on CPUs that "
+        "report AMX where the VM does not run it",
+    )
+    parser.add_argument(
+        "--gguf-compiled",
+        action="store_true",
+        help="with --gguf: also both multihead engines under generate(compile=True) (decode)",
+    )
     parser.add_argument("--rounds", type=positive_int, default=3, help="with --gguf (default 3)")
     parser.add_argument(
         "--prefill", type=positive_int, default=512, help="with --gguf: prefill tokens (512)"
@@ -115,6 +127,8 @@ def _run_gguf(args) -> int:
                 rounds=args.rounds,
                 peer=args.peer,
                 python=args.peer_python,
+                repack=args.peer_repack,
+                compiled=args.gguf_compiled,
             )
         )
     except RuntimeError as e:

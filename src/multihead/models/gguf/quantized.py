@@ -1,11 +1,13 @@
 """GGUF quantized matrices -> packed modules (`multihead.modules.quantized`), kept packed.
 
 Which form each type takes (blocks from ggml-common.h / gguf-py's quants.py):
-- Q4_0 (d; 32 x 4-bit q; x = d (q - 8)) -> int4: scale d, zero -8 d;
-- Q4_1 (d, m; x = d q + m) -> int4: scale d, zero m;
+- Q4_0 (d; 32 x 4-bit q; x = d (q - 8)) -> int4: scale d as stored (float16), no zero (the
+  form's implicit -8 d);
+- Q4_1 (d, m; x = d q + m) -> int4: scale d, zero m, both float16 as stored;
 - Q4_K (256-value super-blocks: d, dmin, 8 x (6-bit scale sc, 6-bit min mn); x = d sc q -
-  dmin mn per 32 values) -> int4: scale d sc, zero -dmin mn (exact in float32);
-- Q8_0 (d; 32 x int8; x = d q) -> int8: scale d;
+  dmin mn per 32 values) -> int4: scale d sc, zero -dmin mn in float32 (exact there; float16
+  would round them);
+- Q8_0 (d; 32 x int8; x = d q) -> int8: scale d (float16 as stored);
 - every other type gguf can dequantise (Q5_*, Q6_K, Q2_K, Q3_K, IQ*, ...) -> the file's own
   blocks, dequantised a tile of rows at a time by gguf's dequantiser during each product;
 - a type it cannot dequantise: ValueError naming the tensor and type.
@@ -35,17 +37,21 @@ INT4_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+    return _half(raw).astype(np.float32)
 
 
-def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    d = _f16(blocks[:, :, 0:2])[..., 0]  # (N, G)
-    return blocks[:, :, 2:18], d, -8.0 * d, d
+def _half(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.float16)
+
+
+def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None, np.ndarray]:
+    d = _half(blocks[:, :, 0:2])[..., 0]  # (N, G) float16, as stored
+    return blocks[:, :, 2:18], d, None, d
 
 
 def _q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    d = _f16(blocks[:, :, 0:2])[..., 0]
-    m = _f16(blocks[:, :, 2:4])[..., 0]
+    d = _half(blocks[:, :, 0:2])[..., 0]
+    m = _half(blocks[:, :, 2:4])[..., 0]
     return blocks[:, :, 4:20], d, m, np.stack([d, m])
 
 
@@ -68,8 +74,8 @@ def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return qs, scale, zero, np.stack([d, dmin])
 
 
-def _q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-    d = _f16(blocks[:, :, 0:2])[..., 0]
+def _q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None, np.ndarray]:
+    d = _half(blocks[:, :, 0:2])[..., 0]
     return blocks[:, :, 2:34].view(np.int8), d, None, d
 
 
@@ -147,9 +153,8 @@ def pack_tensors(
     merged = [p.to(device).contiguous() for p in merged]
     N = sum(t.shape[0] for t, _ in sources)
     if qtype in INT4_TYPES:
-        return PackedRows(
-            "int4", (N, K), merged[0], merged[1], merged[2], qtype=qtype.name, dtype=dtype
-        )
+        zero = merged[2] if len(merged) > 2 else None  # (Q4_0: none stored)
+        return PackedRows("int4", (N, K), merged[0], merged[1], zero, qtype=qtype.name, dtype=dtype)
     if qtype == Q.Q8_0:
         return PackedRows("int8", (N, K), merged[0], merged[1], qtype=qtype.name, dtype=dtype)
     packed = PackedRows(

@@ -2,9 +2,11 @@
 
 Two packed forms (rows = output features, K = input features, groups of 32 along K):
 - int4: `qs` uint8 (N, K/2): byte j of group g holds element 32g + j (low nibble) and
-  32g + 16 + j (high nibble), llama.cpp's Q4_0/Q4_1 order; `scale`, `zero` float32 (N, K/32);
-  w = q * scale + zero.
-- int8: `qs` int8 (N, K); `scale` float32 (N, K/32); w = q * scale (llama.cpp's Q8_0).
+  32g + 16 + j (high nibble), llama.cpp's Q4_0/Q4_1 order; `scale`, `zero` (N, K/32), float16
+  or float32 (the two alike); w = q * scale + zero; zero None means -8 scale (Q4_0, whose
+  file stores no zero: neither do we).
+- int8: `qs` int8 (N, K); `scale` float16 or float32 (N, K/32); w = q * scale (Q8_0).
+Float16 scales are widened to float32 a row at a time inside the kernels (exact).
 
 Why a small C kernel: torch 2.13's CPU int4/int8 weight-only kernels
 (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) are vectorised for bfloat16 activations
@@ -12,8 +14,12 @@ only; with float32 activations they run a scalar loop (measured here: 4096 x 409
 thread: 98-117 ms against 11 ms for the float32 GEMV; bfloat16 activations 1.0 ms, but bfloat16
 rounding breaks "exact to the file"). The kernel below multiplies float32 activations by the
 packed weights, dequantising in registers, and is compiled once per machine with the system C
-compiler (`cc`, cached under ~/.cache/multihead); without a compiler the products dequantise
-tile by tile and use torch's GEMM (same values, slower).
+compiler (`cc -O3 -march=native`, cached under ~/.cache/multihead), so the compiler picks the
+widest path the machine has (`kernel_isa()`): AVX-512 (16 lanes; per group of 32 the 16
+values s q + z form a table that `vpermps` indexes with the nibbles, so weights come out
+dequantised with no integer conversion and no separate zero term; two groups per iteration),
+AVX2 + FMA (8 lanes), or portable C. Without a compiler the products dequantise tile by tile
+and use torch's GEMM (same values, slower).
 
 Per call, `rows` (the activations' rows, M) picks the path: the kernel at M <= KERNEL_MAX_ROWS,
 above that the whole matrix is dequantised once into a temporary and multiplied by MKL's GEMM,
@@ -41,150 +47,341 @@ _TILE_ELEMENTS = 1 << 22  # dequantised float32 values per tile on the fallback 
 
 _SOURCE = r"""
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #define MH_MAX_ROWS 8
-
-/* y (M, N) = x (M, K) @ w^T, w int4 groups of 32 (see kernels.py); xs (M, K/32) = group sums;
-   M <= MH_MAX_ROWS (each group's weights are decoded once for all rows) */
-void mh_int4_mm(const float *x, const float *xs, const uint8_t *qs, const float *scale,
-                const float *zero, float *y, long M, long N, long K, int threads) {
-    const long G = K / 32;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long n = 0; n < N; n++) {
-        const uint8_t *qn = qs + n * (K / 2);
-        const float *s = scale + n * G, *z = zero + n * G;
-        float zacc[MH_MAX_ROWS] = {0};
-#if defined(__AVX2__) && defined(__FMA__)
-        __m256 acc[MH_MAX_ROWS];
-        for (long m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-        const __m128i mask = _mm_set1_epi8(15);
-        for (long g = 0; g < G; g++) {
-            __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
-            __m128i lo = _mm_and_si128(b, mask);
-            __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-            __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-            __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-            __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-            __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-            __m256 sg = _mm256_set1_ps(s[g]);
-            for (long m = 0; m < M; m++) {
-                const float *xg = x + m * K + g * 32;
-                __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xg), w0);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w1, t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), w2, t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w3, t);
-                acc[m] = _mm256_fmadd_ps(t, sg, acc[m]);
-                zacc[m] += z[g] * xs[m * G + g];
-            }
-        }
-        for (long m = 0; m < M; m++) {
-            float lanes[8];
-            _mm256_storeu_ps(lanes, acc[m]);
-            float total = zacc[m];
-            for (int j = 0; j < 8; j++) total += lanes[j];
-            y[m * N + n] = total;
-        }
+#if defined(__AVX512F__)
+#define MH_ISA 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MH_ISA 256
 #else
-        for (long m = 0; m < M; m++) {
-            const float *xm = x + m * K;
-            float total = 0.0f;
-            for (long g = 0; g < G; g++) {
-                const uint8_t *b = qn + g * 16;
-                const float *xg = xm + g * 32;
-                float t = 0.0f;
-                for (int j = 0; j < 16; j++)
-                    t += xg[j] * (float)(b[j] & 15) + xg[j + 16] * (float)(b[j] >> 4);
-                total += s[g] * t;
-                zacc[m] += z[g] * xs[m * G + g];
-            }
-            y[m * N + n] = total + zacc[m];
-        }
+#define MH_ISA 0
 #endif
+
+#define MH_LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
+
+int mh_isa(void) { return MH_ISA; }
+
+/* IEEE half -> float, exact (subnormals, inf and NaN included) */
+static inline float mh_h2f(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, f;
+    float r;
+    if (e == 0) {
+        r = (float)m * 5.9604644775390625e-8f; /* m * 2^-24 */
+        return s ? -r : r;
     }
+    f = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+/* out[0..n) = the halves h[0..n) as floats */
+static inline void mh_halves(const uint16_t *h, long n, float *out) {
+    long i = 0;
+#if MH_ISA == 512
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) out[i] = mh_h2f(h[i]);
+}
+
+/* row n's G scales (and zeros) as float32 into sf (zf): `half` says the stored dtype is
+   float16; zero NULL means Q4_0's implicit zero, -8 scale */
+static inline void mh_row_scales(const void *scale, const void *zero, int half, long n, long G,
+                                 float *sf, float *zf) {
+    if (half) {
+        mh_halves((const uint16_t *)scale + n * G, G, sf);
+    } else {
+        memcpy(sf, (const float *)scale + n * G, G * sizeof(float));
+    }
+    if (!zf) return;
+    if (!zero) {
+        for (long g = 0; g < G; g++) zf[g] = -8.0f * sf[g];
+    } else if (half) {
+        mh_halves((const uint16_t *)zero + n * G, G, zf);
+    } else {
+        memcpy(zf, (const float *)zero + n * G, G * sizeof(float));
+    }
+}
+
+#if MH_ISA == 512
+/* 16 int8 -> 16 floats */
+static inline __m512 mh_i8f(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+/* the table t (16 floats) read at the low 4 bits of v's lanes */
+static inline __m512 mh_lut(__m512i v, __m512 t) { return _mm512_permutexvar_ps(v, t); }
+/* the table s q + z, q = 0..15 */
+static inline __m512 mh_table(float s, float z) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_fmadd_ps(iota, _mm512_set1_ps(s), _mm512_set1_ps(z));
+}
+static inline float mh_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+#elif MH_ISA == 256
+static inline float mh_hsum(__m256 v) {
+    float lanes[8], t = 0.0f;
+    _mm256_storeu_ps(lanes, v);
+    for (int j = 0; j < 8; j++) t += lanes[j];
+    return t;
+}
+#endif
+
+/* y (M, N) = x (M, K) @ w^T, w int4 groups of 32 (see kernels.py); M <= MH_MAX_ROWS (each
+   group's weights are decoded once for all rows). Per row: sum_g s_g (x_g . q_g) plus the zero
+   term sum_g z_g (sum of x_g). */
+void mh_int4_mm(const float *x, const uint8_t *qs, const void *scale, const void *zero,
+                int half, float *y, long M, long N, long K, int threads) {
+    const long G = K / 32;
+    float *xs = (float *)malloc(sizeof(float) * M * G);
+    for (long m = 0; m < (MH_ISA == 512 ? 0 : M); m++)
+        for (long g = 0; g < G; g++) {
+            float t = 0.0f;
+            for (int j = 0; j < 32; j++) t += x[m * K + g * 32 + j];
+            xs[m * G + g] = t;
+        }
+    #pragma omp parallel num_threads(threads)
+    {
+        float *sf = (float *)malloc(sizeof(float) * 2 * G), *zf = sf + G;
+        #pragma omp for schedule(static)
+        for (long n = 0; n < N; n++) {
+            const uint8_t *qn = qs + n * (K / 2);
+            mh_row_scales(scale, zero, half, n, G, sf, zf);
+#if MH_ISA != 512
+            float zacc[MH_MAX_ROWS];
+            for (long m = 0; m < M; m++) {
+                float t = 0.0f;
+                for (long g = 0; g < G; g++) t += zf[g] * xs[m * G + g];
+                zacc[m] = t;
+            }
+#endif
+#if MH_ISA == 512
+            /* per group, the 16 values s q + z (q = 0..15) form a table that vpermps indexes
+               with the nibbles (it reads the low 4 bits of each index): the weights come out
+               dequantised, as the dequantiser makes them, with no int -> float conversion */
+            if (M == 1) {
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                long g = 0;
+                for (; g + 1 < G; g += 2) {
+                    __m512i v0 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
+                    __m512i v1 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16 + 16));
+                    __m512 t0 = mh_table(sf[g], zf[g]);
+                    __m512 t1 = mh_table(sf[g + 1], zf[g + 1]);
+                    const float *xg = x + g * 32;
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), mh_lut(v0, t0), a0);
+                    __m512i h0 = _mm512_srli_epi32(v0, 4);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), mh_lut(h0, t0), a1);
+                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 32), mh_lut(v1, t1), a2);
+                    __m512i h1 = _mm512_srli_epi32(v1, 4);
+                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), mh_lut(h1, t1), a3);
+                }
+                for (; g < G; g++) {
+                    __m512i v0 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
+                    __m512 t0 = mh_table(sf[g], zf[g]);
+                    const float *xg = x + g * 32;
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), mh_lut(v0, t0), a0);
+                    __m512i h0 = _mm512_srli_epi32(v0, 4);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), mh_lut(h0, t0), a1);
+                }
+                y[n] = mh_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+                continue;
+            }
+            __m512 acc[MH_MAX_ROWS], acc2[MH_MAX_ROWS];
+            for (long m = 0; m < M; m++) acc[m] = acc2[m] = _mm512_setzero_ps();
+            for (long g = 0; g < G; g++) {
+                __m512i v = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
+                __m512 t = mh_table(sf[g], zf[g]);
+                __m512 lo = mh_lut(v, t);
+                __m512 hi = mh_lut(_mm512_srli_epi32(v, 4), t);
+                for (long m = 0; m < M; m++) {
+                    const float *xg = x + m * K + g * 32;
+                    acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg), lo, acc[m]);
+                    acc2[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), hi, acc2[m]);
+                }
+            }
+            for (long m = 0; m < M; m++) y[m * N + n] = mh_hsum(_mm512_add_ps(acc[m], acc2[m]));
+#elif MH_ISA == 256
+            __m256 acc[MH_MAX_ROWS];
+            for (long m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+            const __m128i mask = _mm_set1_epi8(15);
+            for (long g = 0; g < G; g++) {
+                __m128i b = MH_LOAD16(qn + g * 16);
+                __m128i lo = _mm_and_si128(b, mask);
+                __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+                __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+                __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+                __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+                __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+                __m256 sg = _mm256_set1_ps(sf[g]);
+                for (long m = 0; m < M; m++) {
+                    const float *xg = x + m * K + g * 32;
+                    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xg), w0);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w1, t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), w2, t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w3, t);
+                    acc[m] = _mm256_fmadd_ps(t, sg, acc[m]);
+                }
+            }
+            for (long m = 0; m < M; m++) y[m * N + n] = mh_hsum(acc[m]) + zacc[m];
+#else
+            for (long m = 0; m < M; m++) {
+                const float *xm = x + m * K;
+                float total = 0.0f;
+                for (long g = 0; g < G; g++) {
+                    const uint8_t *b = qn + g * 16;
+                    const float *xg = xm + g * 32;
+                    float t = 0.0f;
+                    for (int j = 0; j < 16; j++)
+                        t += xg[j] * (float)(b[j] & 15) + xg[j + 16] * (float)(b[j] >> 4);
+                    total += sf[g] * t;
+                }
+                y[m * N + n] = total + zacc[m];
+            }
+#endif
+        }
+        free(sf);
+    }
+    free(xs);
 }
 
 /* w (N, K) float32 = the int4 form's rows, dequantised */
-void mh_int4_rows(const uint8_t *qs, const float *scale, const float *zero, float *w,
+void mh_int4_rows(const uint8_t *qs, const void *scale, const void *zero, int half, float *w,
                   long N, long K, int threads) {
     const long G = K / 32;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long n = 0; n < N; n++)
-        for (long g = 0; g < G; g++) {
-            const uint8_t *b = qs + n * (K / 2) + g * 16;
-            const float s = scale[n * G + g], z = zero[n * G + g];
-            float *out = w + n * K + g * 32;
-            for (int j = 0; j < 16; j++) {
-                out[j] = (float)(b[j] & 15) * s + z;
-                out[j + 16] = (float)(b[j] >> 4) * s + z;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *sf = (float *)malloc(sizeof(float) * 2 * G), *zf = sf + G;
+        #pragma omp for schedule(static)
+        for (long n = 0; n < N; n++) {
+            mh_row_scales(scale, zero, half, n, G, sf, zf);
+            for (long g = 0; g < G; g++) {
+                const uint8_t *b = qs + n * (K / 2) + g * 16;
+                const float s = sf[g], z = zf[g];
+                float *out = w + n * K + g * 32;
+#if MH_ISA == 512
+                __m512i v = _mm512_cvtepu8_epi32(MH_LOAD16(b));
+                __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z);
+                _mm512_storeu_ps(out, _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), vs, vz));
+                _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), vs, vz));
+#else
+                for (int j = 0; j < 16; j++) {
+                    out[j] = (float)(b[j] & 15) * s + z;
+                    out[j + 16] = (float)(b[j] >> 4) * s + z;
+                }
+#endif
             }
         }
+        free(sf);
+    }
 }
 
 /* w (N, K) float32 = the int8 form's rows, dequantised */
-void mh_int8_rows(const int8_t *qs, const float *scale, float *w, long N, long K, int threads) {
+void mh_int8_rows(const int8_t *qs, const void *scale, int half, float *w, long N, long K,
+                  int threads) {
     const long G = K / 32;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long n = 0; n < N; n++)
-        for (long g = 0; g < G; g++) {
-            const float s = scale[n * G + g];
-            for (int j = 0; j < 32; j++) w[n * K + g * 32 + j] = (float)qs[n * K + g * 32 + j] * s;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *sf = (float *)malloc(sizeof(float) * G);
+        #pragma omp for schedule(static)
+        for (long n = 0; n < N; n++) {
+            mh_row_scales(scale, NULL, half, n, G, sf, NULL);
+            for (long g = 0; g < G; g++)
+                for (int j = 0; j < 32; j++)
+                    w[n * K + g * 32 + j] = (float)qs[n * K + g * 32 + j] * sf[g];
         }
+        free(sf);
+    }
 }
 
 /* y (M, N) = x (M, K) @ w^T, w int8 with a scale per group of 32 (Q8_0); M <= MH_MAX_ROWS */
-void mh_int8_mm(const float *x, const int8_t *qs, const float *scale, float *y,
+void mh_int8_mm(const float *x, const int8_t *qs, const void *scale, int half, float *y,
                 long M, long N, long K, int threads) {
     const long G = K / 32;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long n = 0; n < N; n++) {
-        const int8_t *qn = qs + n * K;
-        const float *s = scale + n * G;
-#if defined(__AVX2__) && defined(__FMA__)
-        __m256 acc[MH_MAX_ROWS];
-        for (long m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-        for (long g = 0; g < G; g++) {
-            const int8_t *b = qn + g * 32;
-            __m256 w[4];
-            for (int i = 0; i < 4; i++) {
-                __m128i eight = _mm_loadl_epi64((const __m128i *)(b + 8 * i));
-                w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+    #pragma omp parallel num_threads(threads)
+    {
+        float *sf = (float *)malloc(sizeof(float) * G);
+        #pragma omp for schedule(static)
+        for (long n = 0; n < N; n++) {
+            const int8_t *qn = qs + n * K;
+            mh_row_scales(scale, NULL, half, n, G, sf, NULL);
+#if MH_ISA == 512
+            __m512 acc[MH_MAX_ROWS], acc2[MH_MAX_ROWS];
+            for (long m = 0; m < M; m++) acc[m] = acc2[m] = _mm512_setzero_ps();
+            long g = 0;
+            for (; g + 1 < G; g += 2) {
+                const int8_t *b = qn + g * 32;
+                __m512 a0 = mh_i8f(MH_LOAD16(b));
+                __m512 b0 = mh_i8f(MH_LOAD16(b + 16));
+                __m512 a1 = mh_i8f(MH_LOAD16(b + 32));
+                __m512 b1 = mh_i8f(MH_LOAD16(b + 48));
+                __m512 s0 = _mm512_set1_ps(sf[g]), s1 = _mm512_set1_ps(sf[g + 1]);
+                for (long m = 0; m < M; m++) {
+                    const float *xg = x + m * K + g * 32;
+                    __m512 t0 = _mm512_mul_ps(_mm512_loadu_ps(xg), a0);
+                    __m512 t1 = _mm512_mul_ps(_mm512_loadu_ps(xg + 32), a1);
+                    t0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), b0, t0);
+                    t1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), b1, t1);
+                    acc[m] = _mm512_fmadd_ps(t0, s0, acc[m]);
+                    acc2[m] = _mm512_fmadd_ps(t1, s1, acc2[m]);
+                }
             }
-            __m256 sg = _mm256_set1_ps(s[g]);
-            for (long m = 0; m < M; m++) {
-                const float *xg = x + m * K + g * 32;
-                __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xg), w[0]);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w[1], t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), w[2], t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w[3], t);
-                acc[m] = _mm256_fmadd_ps(t, sg, acc[m]);
+            for (; g < G; g++) {
+                const int8_t *b = qn + g * 32;
+                __m512 a0 = mh_i8f(MH_LOAD16(b));
+                __m512 b0 = mh_i8f(MH_LOAD16(b + 16));
+                __m512 s0 = _mm512_set1_ps(sf[g]);
+                for (long m = 0; m < M; m++) {
+                    const float *xg = x + m * K + g * 32;
+                    __m512 t0 = _mm512_mul_ps(_mm512_loadu_ps(xg), a0);
+                    t0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), b0, t0);
+                    acc[m] = _mm512_fmadd_ps(t0, s0, acc[m]);
+                }
             }
-        }
-        for (long m = 0; m < M; m++) {
-            float lanes[8];
-            _mm256_storeu_ps(lanes, acc[m]);
-            float total = 0.0f;
-            for (int j = 0; j < 8; j++) total += lanes[j];
-            y[m * N + n] = total;
-        }
-#else
-        for (long m = 0; m < M; m++) {
-            const float *xm = x + m * K;
-            float total = 0.0f;
+            for (long m = 0; m < M; m++) y[m * N + n] = mh_hsum(_mm512_add_ps(acc[m], acc2[m]));
+#elif MH_ISA == 256
+            __m256 acc[MH_MAX_ROWS];
+            for (long m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
             for (long g = 0; g < G; g++) {
-                float t = 0.0f;
-                for (int j = 0; j < 32; j++) t += xm[g * 32 + j] * (float)qn[g * 32 + j];
-                total += s[g] * t;
+                const int8_t *b = qn + g * 32;
+                __m256 w[4];
+                for (int i = 0; i < 4; i++) {
+                    __m128i eight = _mm_loadl_epi64((const __m128i *)(b + 8 * i));
+                    w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+                }
+                __m256 sg = _mm256_set1_ps(sf[g]);
+                for (long m = 0; m < M; m++) {
+                    const float *xg = x + m * K + g * 32;
+                    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xg), w[0]);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w[1], t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), w[2], t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w[3], t);
+                    acc[m] = _mm256_fmadd_ps(t, sg, acc[m]);
+                }
             }
-            y[m * N + n] = total;
-        }
+            for (long m = 0; m < M; m++) y[m * N + n] = mh_hsum(acc[m]);
+#else
+            for (long m = 0; m < M; m++) {
+                const float *xm = x + m * K;
+                float total = 0.0f;
+                for (long g = 0; g < G; g++) {
+                    float t = 0.0f;
+                    for (int j = 0; j < 32; j++) t += xm[g * 32 + j] * (float)qn[g * 32 + j];
+                    total += sf[g] * t;
+                }
+                y[m * N + n] = total;
+            }
 #endif
+        }
+        free(sf);
     }
 }
 """
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
 def _cache_dir() -> Path:
@@ -193,13 +390,15 @@ def _cache_dir() -> Path:
 
 
 @cache
-def _library() -> ctypes.CDLL | None:
+def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be built (no C compiler, no OpenMP,
-    MULTIHEAD_NO_KERNELS=1): callers then take the torch path."""
+    MULTIHEAD_NO_KERNELS=1): callers then take the torch path. `extra` flags are appended
+    (tests build the AVX2 and scalar variants with `-mno-avx512f`, `-mno-avx2`)."""
     if os.environ.get("MULTIHEAD_NO_KERNELS") == "1" or platform.system() != "Linux":
         return None
+    flags = [*_FLAGS, *extra]
     key = hashlib.sha256(
-        (_SOURCE + " ".join(_FLAGS) + platform.machine() + platform.node()).encode()
+        (_SOURCE + " ".join(flags) + platform.machine() + platform.node()).encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"quant_kernels_{key}.so"
     try:
@@ -210,7 +409,7 @@ def _library() -> ctypes.CDLL | None:
                 src.write_text(_SOURCE)
                 out = Path(tmp) / "k.so"
                 subprocess.run(
-                    [os.environ.get("CC", "cc"), *_FLAGS, str(src), "-o", str(out)],
+                    [os.environ.get("CC", "cc"), *flags, str(src), "-o", str(out)],
                     check=True,
                     capture_output=True,
                     timeout=120,
@@ -220,10 +419,13 @@ def _library() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError):
         return None
     f, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    lib.mh_int4_mm.argtypes = [f, f, f, f, f, f, i64, i64, i64, i32]
-    lib.mh_int8_mm.argtypes = [f, f, f, f, i64, i64, i64, i32]
-    lib.mh_int4_rows.argtypes = [f, f, f, f, i64, i64, i32]
-    lib.mh_int8_rows.argtypes = [f, f, f, i64, i64, i32]
+    lib.mh_int4_mm.argtypes = [f, f, f, f, i32, f, i64, i64, i64, i32]
+    lib.mh_int8_mm.argtypes = [f, f, f, i32, f, i64, i64, i64, i32]
+    lib.mh_int4_rows.argtypes = [f, f, f, i32, f, i64, i64, i32]
+    lib.mh_int8_rows.argtypes = [f, f, i32, f, i64, i64, i32]
+    lib.mh_int4_mm.restype = lib.mh_int8_mm.restype = None
+    lib.mh_int4_rows.restype = lib.mh_int8_rows.restype = None
+    lib.mh_isa.restype = i32
     return lib
 
 
@@ -231,93 +433,146 @@ def kernels_available() -> bool:
     return _library() is not None
 
 
+def kernel_isa() -> str:
+    """Which vector path the compiled kernel takes here: "avx512", "avx2" or "scalar" ("" when
+    there is no compiled kernel)."""
+    lib = _library()
+    return "" if lib is None else {512: "avx512", 256: "avx2"}.get(lib.mh_isa(), "scalar")
+
+
 # -- dequantisers (torch; rows start..stop) -------------------------------------------------
 
+SCALE_DTYPES = (torch.float16, torch.float32)
 
-def dequantize_int4(qs: Tensor, scale: Tensor, zero: Tensor, dtype=torch.float32) -> Tensor:
-    """(n, K/2) uint8 + (n, K/32) scale, zero -> (n, K) in `dtype` (computed in float32)."""
+
+def dequantize_int4(
+    qs: Tensor, scale: Tensor, zero: Tensor | None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """(n, K/2) uint8 + (n, K/32) scale and zero (float16 or float32; zero None: Q4_0's
+    implicit -8 scale) -> (n, K) in `dtype` (computed in float32)."""
     n, G = scale.shape
-    if _rows_ok(qs, scale, zero):
+    lib = _library()
+    if lib is not None and _cpu_contiguous(qs, scale, zero):
         w = torch.empty(n, G * GROUP)
-        lib = _library()
-        assert lib is not None
         lib.mh_int4_rows(
-            qs.data_ptr(), scale.data_ptr(), zero.data_ptr(), w.data_ptr(), n, G * GROUP,
-            torch.get_num_threads(),
+            qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr(),
+            scale.dtype == torch.float16, w.data_ptr(), n, G * GROUP, torch.get_num_threads(),
         )  # fmt: skip
         return w.to(dtype)
+    s = scale.float()
+    z = -8.0 * s if zero is None else zero.float()
     b = qs.view(n, G, 16)  # (n, K/2) -> (n, G, 16)
     q = torch.cat((b & 15, b >> 4), dim=-1)  # (n, G, 32): low nibbles first, as stored
-    w = torch.addcmul(zero.float()[..., None], q.float(), scale.float()[..., None])
+    w = torch.addcmul(z[..., None], q.float(), s[..., None])
     return w.view(n, G * GROUP).to(dtype)
 
 
-def dequantize_int8(qs: Tensor, scale: Tensor, dtype=torch.float32) -> Tensor:
-    """(n, K) int8 + (n, K/32) scale -> (n, K) in `dtype` (computed in float32)."""
+def dequantize_int8(qs: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(n, K) int8 + (n, K/32) scale (float16 or float32) -> (n, K) in `dtype` (computed in
+    float32)."""
     n, G = scale.shape
-    if _rows_ok(qs, scale):
+    lib = _library()
+    if lib is not None and _cpu_contiguous(qs, scale):
         w = torch.empty(n, G * GROUP)
-        lib = _library()
-        assert lib is not None
         lib.mh_int8_rows(
-            qs.data_ptr(), scale.data_ptr(), w.data_ptr(), n, G * GROUP, torch.get_num_threads()
-        )
+            qs.data_ptr(), scale.data_ptr(), scale.dtype == torch.float16, w.data_ptr(), n,
+            G * GROUP, torch.get_num_threads(),
+        )  # fmt: skip
         return w.to(dtype)
     w = qs.view(n, G, GROUP).float() * scale.float()[..., None]  # (n, G, 32)
     return w.view(n, G * GROUP).to(dtype)
 
 
-def _rows_ok(qs: Tensor, *scales: Tensor) -> bool:
+def _cpu_contiguous(qs: Tensor, scale: Tensor, zero: Tensor | None = None) -> bool:
     return (
         qs.device.type == "cpu"
         and qs.is_contiguous()
-        and all(s.dtype == torch.float32 and s.is_contiguous() for s in scales)
-        and _library() is not None
+        and scale.dtype in SCALE_DTYPES
+        and scale.is_contiguous()
+        and (zero is None or (zero.dtype == scale.dtype and zero.is_contiguous()))
     )
 
 
 # -- products -------------------------------------------------------------------------------
 
 
-def _kernel_ok(x: Tensor, *tensors: Tensor) -> bool:
-    return (
-        x.device.type == "cpu"
+def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
+    """x (M, K) @ w^T -> (M, N), w the int4 form."""
+    M, K = x.shape
+    N = qs.shape[0]
+    lib = _library()
+    if (
+        M <= KERNEL_MAX_ROWS
+        and lib is not None
         and x.dtype == torch.float32
-        and all(t.is_contiguous() and t.device.type == "cpu" for t in tensors)
-        and _library() is not None
+        and x.device.type == "cpu"
+        and _cpu_contiguous(qs, scale, zero)
+    ):
+        x = x.contiguous()
+        y = torch.empty(M, N)
+        lib.mh_int4_mm(
+            x.data_ptr(), qs.data_ptr(), scale.data_ptr(),
+            None if zero is None else zero.data_ptr(), scale.dtype == torch.float16,
+            y.data_ptr(), M, N, K, torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+    return _tiled(
+        x, N, lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype)
     )
 
 
-def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-    """x (M, K) @ w^T -> (M, N), w the int4 form."""
+def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
+    """The constant arguments of the kernel for a packed matrix (pointers, dtype flag, N, K),
+    for `run_kernel`; None where the kernel cannot read it (no compiler, not on the CPU, a
+    layout it does not know)."""
+    if _library() is None or not _cpu_contiguous(qs, scale, zero):
+        return None
+    half = scale.dtype == torch.float16
+    zp = None if zero is None else zero.data_ptr()
+    if form == "int4":
+        return (True, qs.data_ptr(), scale.data_ptr(), zp, half, qs.shape[0], qs.shape[1] * 2)
+    return (False, qs.data_ptr(), scale.data_ptr(), zp, half, qs.shape[0], qs.shape[1])
+
+
+PARALLEL_MIN = 1 << 16  # weights below which one thread does the product (fork-join costs more)
+
+
+def run_kernel(x: Tensor, args: tuple) -> Tensor:
+    """x (M, K) float32, contiguous, on the CPU, M <= KERNEL_MAX_ROWS -> (M, N): the packed
+    product with `kernel_args`'s constants (the per-call work kept to the C call)."""
+    int4, qp, sp, zp, half, N, K = args
     M = x.shape[0]
-    N = qs.shape[0]
-    if M <= KERNEL_MAX_ROWS and _kernel_ok(x, qs, scale, zero) and scale.dtype == torch.float32:
-        x = x.contiguous()
-        xs = x.view(M, -1, GROUP).sum(-1)  # (M, K) -> (M, K/32): the zero's factor
-        y = torch.empty(M, N, dtype=x.dtype)
-        lib = _library()
-        assert lib is not None
-        lib.mh_int4_mm(
-            x.data_ptr(), xs.data_ptr(), qs.data_ptr(), scale.data_ptr(), zero.data_ptr(),
-            y.data_ptr(), M, N, x.shape[1], torch.get_num_threads(),
-        )  # fmt: skip
-        return y
-    return _tiled(x, N, lambda a, b: dequantize_int4(qs[a:b], scale[a:b], zero[a:b], x.dtype))
+    y = torch.empty(M, N)
+    lib = _library()
+    threads = torch.get_num_threads() if N * K >= PARALLEL_MIN else 1
+    if int4:
+        lib.mh_int4_mm(x.data_ptr(), qp, sp, zp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]
+    else:
+        lib.mh_int8_mm(x.data_ptr(), qp, sp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]
+    return y
+
+
+def _rows(t: Tensor | None, a: int, b: int) -> Tensor | None:
+    return None if t is None else t[a:b]
 
 
 def int8_mm(x: Tensor, qs: Tensor, scale: Tensor) -> Tensor:
     """x (M, K) @ w^T -> (M, N), w the int8 form."""
-    M = x.shape[0]
+    M, K = x.shape
     N = qs.shape[0]
-    if M <= KERNEL_MAX_ROWS and _kernel_ok(x, qs, scale) and scale.dtype == torch.float32:
+    lib = _library()
+    if (
+        M <= KERNEL_MAX_ROWS
+        and lib is not None
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and _cpu_contiguous(qs, scale)
+    ):
         x = x.contiguous()
-        y = torch.empty(M, N, dtype=x.dtype)
-        lib = _library()
-        assert lib is not None
+        y = torch.empty(M, N)
         lib.mh_int8_mm(
-            x.data_ptr(), qs.data_ptr(), scale.data_ptr(), y.data_ptr(),
-            M, N, x.shape[1], torch.get_num_threads(),
+            x.data_ptr(), qs.data_ptr(), scale.data_ptr(), scale.dtype == torch.float16,
+            y.data_ptr(), M, N, K, torch.get_num_threads(),
         )  # fmt: skip
         return y
     return _tiled(x, N, lambda a, b: dequantize_int8(qs[a:b], scale[a:b], x.dtype))
@@ -341,3 +596,38 @@ def tiled_transposed(g: Tensor, N: int, K: int, rows) -> Tensor:
         b = min(N, a + step)
         out += g[:, a:b] @ rows(a, b)
     return out
+
+
+# -- the products as torch operators (what torch.compile sees) ------------------------------
+
+
+@torch.library.custom_op("multihead::packed_mm", mutates_args=())
+def packed_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
+    """x (M, K) float32 @ w^T -> (M, N) float32, w the `form` ("int4" or "int8") packed
+    matrix: an opaque operator, so torch.compile (fullgraph) calls the kernel instead of
+    tracing into ctypes."""
+    if form == "int4":
+        return int4_mm(x, qs, scale, zero)
+    return int8_mm(x, qs, scale)
+
+
+@packed_mm.register_fake
+def _packed_mm_fake(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
+    return x.new_empty(x.shape[0], qs.shape[0])
+
+
+@torch.library.custom_op("multihead::packed_take", mutates_args=())
+def packed_take(
+    qs: Tensor, scale: Tensor, zero: Tensor | None, index: Tensor, form: str, k: int
+) -> Tensor:
+    """The packed rows `index` (1-D) dequantised to float32: (len(index), k)."""
+    if form == "int4":
+        return dequantize_int4(qs[index], scale[index], None if zero is None else zero[index])
+    return dequantize_int8(qs[index], scale[index])
+
+
+@packed_take.register_fake
+def _packed_take_fake(
+    qs: Tensor, scale: Tensor, zero: Tensor | None, index: Tensor, form: str, k: int
+) -> Tensor:
+    return scale.new_empty(index.shape[0], k, dtype=torch.float32)

@@ -6,8 +6,10 @@ views (W_Q ... W_U), folding and analysis code read an ordinary tensor. Blocks c
 as they call nn.Linear (through `__call__`, so module hooks fire).
 
 Forms (`form`):
-- "int4": buffers qs (N, K/2) uint8, scale and zero (N, K/32) float32 (Q4_0, Q4_1, Q4_K);
-- "int8": qs (N, K) int8, scale (N, K/32) float32 (Q8_0);
+- "int4": buffers qs (N, K/2) uint8, scale and zero (N, K/32), w = q scale + zero: float16
+  where the file's own values are float16 (Q4_1's d and m: exact), float32 where they are
+  products (Q4_K's d sc and -dmin mn); zero None stands for -8 scale (Q4_0: nothing stored);
+- "int8": qs (N, K) int8, scale (N, K/32) float16 or float32 (Q8_0: float16, the file's d);
 - "blocks": qs (N, row bytes) uint8, the file's own blocks, with a `dequantize(rows) -> float32
   (n, K)` function given by the loader (every other type): the product dequantises a tile of
   rows at a time.
@@ -24,7 +26,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import _tiled, dequantize_int4, dequantize_int8, int4_mm, int8_mm, tiled_transposed
+from .kernels import (
+    KERNEL_MAX_ROWS,
+    SCALE_DTYPES,
+    _tiled,
+    dequantize_int4,
+    dequantize_int8,
+    int4_mm,
+    int8_mm,
+    kernel_args,
+    packed_mm,
+    packed_take,
+    run_kernel,
+    tiled_transposed,
+)
 
 RowDequantizer = Callable[[Tensor], Tensor]  # (n, row bytes) uint8 -> (n, K) float32
 FORMS = ("int4", "int8", "blocks")
@@ -55,6 +70,10 @@ class PackedRows(nn.Module):
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
         if form == "blocks" and dequantize is None:
             raise ValueError("form 'blocks' needs a dequantize function")
+        if form != "blocks" and (scale is None or scale.dtype not in SCALE_DTYPES):
+            raise ValueError(f"form {form!r} needs a float16 or float32 scale")
+        if zero is not None and (form != "int4" or scale is None or zero.dtype != scale.dtype):
+            raise ValueError("zero is for form 'int4' only, in the scale's dtype")
         self.form, self.shape, self.qtype = form, tuple(shape), qtype
         self._dequantize = dequantize
         self.register_buffer("qs", qs)
@@ -70,10 +89,9 @@ class PackedRows(nn.Module):
     def rows(self, start: int, stop: int) -> Tensor:
         """Rows start..stop dequantised, in the compute dtype."""
         if self.form == "int4":
-            assert self.scale is not None and self.zero is not None
-            return dequantize_int4(
-                self.qs[start:stop], self.scale[start:stop], self.zero[start:stop], self.dtype
-            )
+            assert self.scale is not None
+            zero = None if self.zero is None else self.zero[start:stop]
+            return dequantize_int4(self.qs[start:stop], self.scale[start:stop], zero, self.dtype)
         if self.form == "int8":
             assert self.scale is not None
             return dequantize_int8(self.qs[start:stop], self.scale[start:stop], self.dtype)
@@ -82,9 +100,13 @@ class PackedRows(nn.Module):
     def take(self, index: Tensor) -> Tensor:
         """The rows `index` (any shape) dequantised: (*index.shape, K)."""
         flat = index.reshape(-1)
-        if self.form == "int4":
-            assert self.scale is not None and self.zero is not None
-            w = dequantize_int4(self.qs[flat], self.scale[flat], self.zero[flat], self.dtype)
+        if self.form != "blocks" and torch.compiler.is_compiling():
+            w = packed_take(self.qs, self.scale, self.zero, flat, self.form, self.shape[1])
+            w = w.to(self.dtype)
+        elif self.form == "int4":
+            assert self.scale is not None
+            zero = None if self.zero is None else self.zero[flat]
+            w = dequantize_int4(self.qs[flat], self.scale[flat], zero, self.dtype)
         elif self.form == "int8":
             assert self.scale is not None
             w = dequantize_int8(self.qs[flat], self.scale[flat], self.dtype)
@@ -96,17 +118,43 @@ class PackedRows(nn.Module):
     def matmul(self, x: Tensor) -> Tensor:
         """x (M, K) in the compute dtype -> (M, N); differentiable in x (the weight is not a
         parameter: it has no gradient)."""
+        if x.dim() != 2 or x.shape[1] != self.shape[1]:
+            raise ValueError(f"expected x of shape (M, {self.shape[1]}), got {tuple(x.shape)}")
         if x.requires_grad and torch.is_grad_enabled():
             return _PackedMatmul.apply(x, self)
         return self._matmul(x)
 
+    def _kernel_args(self) -> tuple | None:
+        """The kernel's constants for these buffers, remade when a buffer moved (`.to()`,
+        `load_state_dict`): plain ints, so the module still pickles and deep-copies."""
+        b = self._buffers
+        qs, scale, zero = b["qs"], b["scale"], b["zero"]
+        assert qs is not None and scale is not None
+        key = (qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr())
+        cached = self.__dict__.get("_kernel")
+        if cached is None or cached[0] != key:
+            cached = (key, kernel_args(self.form, qs, scale, zero))
+            self.__dict__["_kernel"] = cached
+        return cached[1]
+
     def _matmul(self, x: Tensor) -> Tensor:
+        if self.form != "blocks" and x.device.type == "cpu" and torch.compiler.is_compiling():
+            return packed_mm(x.float(), self.qs, self.scale, self.zero, self.form).to(x.dtype)
+        if (
+            x.dtype == torch.float32
+            and x.shape[0] <= KERNEL_MAX_ROWS
+            and x.device.type == "cpu"
+            and self.form != "blocks"
+        ):
+            args = self._kernel_args()
+            if args is not None:
+                return run_kernel(x.contiguous(), args)
         if x.device.type != "cpu" or self.form == "blocks":
             # CUDA (and the file's own blocks): dequantise a tile of rows, multiply, repeat
             return _tiled(x, self.shape[0], self.rows)
         x32 = x.float()
         if self.form == "int4":
-            assert self.scale is not None and self.zero is not None
+            assert self.scale is not None
             y = int4_mm(x32, self.qs, self.scale, self.zero)
         else:
             assert self.scale is not None
@@ -154,9 +202,16 @@ class QuantizedLinear(nn.Module):
         return like
 
     def forward(self, x: Tensor) -> Tensor:
+        packed: PackedRows = self._modules["packed"]  # type: ignore[assignment]
+        shape = x.shape
+        if shape[-1] != self.in_features:  # (the kernel reads K values per row)
+            raise ValueError(
+                f"QuantizedLinear expects input (..., {self.in_features}), got {tuple(shape)}"
+            )
         # (..., K) -> (M, K) -> (M, N) -> (..., N)
-        y = self.packed.matmul(x.reshape(-1, self.in_features))
-        y = y.view(*x.shape[:-1], self.out_features)
+        y = packed.matmul(x.reshape(-1, shape[-1]) if len(shape) != 2 else x)
+        if len(shape) != 2:
+            y = y.view((*shape[:-1], self.out_features))
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
