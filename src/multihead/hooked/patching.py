@@ -149,6 +149,23 @@ def _patch_positions(clean: Tensor, position: int) -> Callable[[Tensor, str], Te
     return fn
 
 
+def resid_streams(resid: str | Sequence[str]) -> list[str]:
+    """The residual streams asked for ("resid_pre" and/or "resid_post"), checked."""
+    streams = [resid] if isinstance(resid, str) else list(resid)
+    for name in streams:
+        if name not in ("resid_pre", "resid_post"):
+            raise ValueError(f"resid names 'resid_pre' and/or 'resid_post', got {name!r}")
+    return streams
+
+
+def block_count(known: set[str]) -> int:
+    """How many blocks have a hook_resid_pre among the hook names `known`."""
+    blocks = 0
+    while act_name("resid_pre", blocks) in known:
+        blocks += 1
+    return blocks
+
+
 def qk_points(qk: str | Sequence[str]) -> list[str]:
     """The query/key points asked for ("q" and/or "k"), checked."""
     points = [qk] if isinstance(qk, str) else list(qk)
@@ -220,17 +237,11 @@ def patch(
                 f"clean {tuple(a.shape)} and corrupted {tuple(b.shape)} inputs must have the "
                 "same shape (patching aligns their positions)"
             )
-    streams = [resid] if isinstance(resid, str) else list(resid)
-    for name in streams:
-        if name not in ("resid_pre", "resid_post"):
-            raise ValueError(f"resid names 'resid_pre' and/or 'resid_post', got {name!r}")
+    streams = resid_streams(resid)
     points = qk_points(qk)
     rows = attention_hook_names(model, "hook_z")
     point_rows = {point: qk_rows(model, point) for point in points}
-    known = set(hook_names(model))
-    blocks = 0
-    while act_name("resid_pre", blocks) in known:
-        blocks += 1
+    blocks = block_count(set(hook_names(model)))
     if streams and blocks == 0:
         raise ValueError(f"{type(model).__name__} has no blocks.{{i}}.hook_resid_* hook points")
     refusal = batched_refusal(model, clean_in, kwargs)

@@ -61,8 +61,10 @@ from ..hooked.patching import (
     _as_inputs,
     _patch_positions,
     _value,
+    block_count,
     qk_points,
     qk_rows,
+    resid_streams,
 )
 from ..hooked.scope import attention_hook_names
 from .atp_star import key_effects, query_effects
@@ -114,19 +116,14 @@ def attribution_patch(
         if not isinstance(given, bool):
             raise ValueError(f"{flag} must be True or False, got {given!r}")
     clean_in, corrupted_in = _as_inputs(clean), _as_inputs(corrupted)
-    streams = [resid] if isinstance(resid, str) else list(resid)
-    for name in streams:
-        if name not in ("resid_pre", "resid_post"):
-            raise ValueError(f"resid names 'resid_pre' and/or 'resid_post', got {name!r}")
+    streams = resid_streams(resid)
     points = qk_points(qk)
     if streams:
         warnings.warn(RESID_WARNING, UserWarning, stacklevel=2)
     rows = attention_hook_names(model, "hook_z") if heads or head_positions else []
     point_rows = {point: qk_rows(model, point) for point in points}
     known = set(hook_names(model))
-    blocks = 0
-    while act_name("resid_pre", blocks) in known:
-        blocks += 1
+    blocks = block_count(known)
     drops = _drop_points(model, known, blocks) if grad_drop else []
     names = [name for name, _ in rows] + [act_name(s, i) for s in streams for i in range(blocks)]
     qk_names = [name for r in point_rows.values() for name, _ in r]
