@@ -22,6 +22,23 @@ from ...value_checks import check_token_ids
 from .config import BertConfig
 
 
+def padded_key_mask(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+    """An encoder's padded call: input_ids (B, T) checked, and the key mask (B, T), True = a
+    real token, from Hugging Face's attention_mask (1 = token, 0 = padding) of the same shape;
+    None without one."""
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
+        raise ValueError(f"input_ids must have shape (B, T), got {got}")
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} must match input_ids "
+            f"{tuple(input_ids.shape)}"
+        )
+    return from_hf_padding(attention_mask)
+
+
 def check_packed_input(
     input_ids: Tensor, packed: VarLen, attention_mask: Tensor | None, return_weights: bool
 ) -> None:
@@ -203,17 +220,7 @@ class BertEncoder(ModelWeights, nn.Module):
             return self._forward_varlen(
                 input_ids, VarLen.of(lengths), token_type_ids, attention_mask, return_weights
             )
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
-            raise ValueError(f"input_ids must have shape (B, T), got {got}")
-        key_mask = None
-        if attention_mask is not None:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError(
-                    f"attention_mask {tuple(attention_mask.shape)} must match input_ids "
-                    f"{tuple(input_ids.shape)}"
-                )
-            key_mask = from_hf_padding(attention_mask)  # (B, T), True = a real token
+        key_mask = padded_key_mask(input_ids, attention_mask)
         if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
             raise ValueError(
                 f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "

@@ -15,7 +15,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ...functional.masks import from_hf_padding
 from ...functional.varlen import VarLen
 from ...hook_points import hooks_for
 from ...modules import TransformerBlock
@@ -23,7 +22,7 @@ from ...modules.model_weights import ModelWeights
 from ...modules.norm import LayerNorm
 from ...positional.rope import RotaryEmbedding
 from ...value_checks import check_token_ids
-from ..bert.model import EncoderOutput, check_packed_input
+from ..bert.model import EncoderOutput, check_packed_input, padded_key_mask
 from .config import ModernBertConfig
 
 
@@ -132,17 +131,7 @@ class ModernBertEncoder(ModelWeights, nn.Module):
             return self._forward_varlen(
                 input_ids, VarLen.of(lengths), attention_mask, return_weights
             )
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
-            raise ValueError(f"input_ids must have shape (B, T), got {got}")
-        key_mask = None
-        if attention_mask is not None:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError(
-                    f"attention_mask {tuple(attention_mask.shape)} must match input_ids "
-                    f"{tuple(input_ids.shape)}"
-                )
-            key_mask = from_hf_padding(attention_mask)  # (B, T), True = a real token
+        key_mask = padded_key_mask(input_ids, attention_mask)
         x = self.embeddings(input_ids)
         weights = []
         for layer, window in zip(self.layers, self.windows(), strict=True):
