@@ -13,6 +13,7 @@ A forward is four steps, the same in every mode: project (and split heads), plac
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -279,13 +280,13 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             and isinstance(query, Tensor)
             and query.dim() == 3
         ):
-            layers = self._modules
+            layers: dict[str, Any] = self._modules  # (registered: never None)
             in_proj, out_proj = layers["in_proj"], layers["out_proj"]
             # Plain nn.Linear projections run as F.linear on their parameters (and give the
             # weight to test the query against straight from _parameters: weight_like's
             # attribute lookup misses on nn.Linear, raising and catching an AttributeError)
             direct = plain_pair(in_proj, out_proj)
-            weight = out_proj._parameters["weight"] if direct else _weight(out_proj)
+            weight: Tensor = out_proj._parameters["weight"] if direct else _weight(out_proj)
             if (
                 query.shape[2] == self.embed_dim
                 and query.dtype == weight.dtype
