@@ -76,26 +76,13 @@ def sdpa_plain(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) 
     the default scale), without an `AttentionCall`; None where it would not be one plain
     kernel call (an empty length, which `sdpa_why_not` refuses, or causality that needs a
     mask). For `functional.attention.dispatch_plain`."""
-    tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
+    tq, tk = q.shape[2], k.shape[2]
     if tq == 0 or tk == 0:
         return None
-    # The common call (a decode step, whose one query sees every key; a call without
-    # causality) as `_plain` runs it, written out (each Python call costs ~1% of the call at
-    # small widths): no causal flag, dropout or grouped heads (no keywords); no NaN correction
-    # where `_plain` makes none (the key count is read only in eager mode: compiled, it would
-    # be a guard)
-    if (
-        dropout_p == 0.0
-        and (tq == 1 or not causal)
-        and d > 0
-        and q.shape[1] == k.shape[1]
-        and (not q.is_cpu or (not _is_compiling() and tk >= NAN_QUIRK_KEYS))
-    ):
-        return _sdpa(q, k, v, scale=d**-0.5)
     flag = _kernel_causal(causal, tq, tk)
     if flag is None:
         return None
-    return _plain(q, k, v, dropout_p, flag, default_scale(d), tk)
+    return _plain(q, k, v, dropout_p, flag, default_scale(q.shape[3]), tk)
 
 
 def _kernel_causal(causal: bool, tq: int, tk: int) -> bool | None:
