@@ -117,3 +117,18 @@ def test_the_mask_mod_case_is_the_window_as_a_mask_function():
     q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
     want = attention(q, k, v, causal=True, window=attention_structure.WINDOW)
     torch.testing.assert_close(attention(q, k, v, causal=True, **args), want)
+
+
+def test_mask_takes_several_kinds_in_order(monkeypatch, capsys):
+    from multihead.cli import bench_attention
+
+    assert bench_attention.MASKS == attention_structure.MASKS
+    seen = []
+    monkeypatch.setattr(attention_structure, "main", lambda kinds, **kw: seen.append(kinds) or "")
+    assert main(["bench", "attention", "--mask", "prefix,documents", "--quick"]) == 0
+    assert seen == [("prefix", "documents")]
+    for wrong in ("prefix,nope", "window,window", ""):
+        assert main(["bench", "attention", "--mask", wrong]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("multihead: error:") and "--mask" in err
+        assert err.count("\n") == 1

@@ -173,3 +173,21 @@ def test_global_module_hooks_reach_the_projections():
         assert {"in_proj", "out_proj"} <= set(seen)
         seen.clear()
     assert _plain(m.in_proj)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_reordered_cache_decodes_the_rows_it_kept(static):
+    """`KVCache.reorder` (beam search) keeps rows in the order given; a static cache, whose
+    keys and values share one buffer, re-views both halves: the next decode step equals the
+    fp64 reference over the kept rows' tokens."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, H, num_kv_heads=2, causal=True).double()
+    x = torch.randn(3, T, C, dtype=torch.float64)
+    cache = KVCache(3, 2, 4, max_length=T if static else None, dtype=torch.float64)
+    m(x[:, : T - 1], cache=cache)
+    rows = torch.tensor([2, 0])
+    cache.reorder(rows)
+    kept = x[rows]
+    got = m(kept[:, T - 1 :], cache=cache)
+    expected = _textbook(m, kept, masks.causal(T, T))[:, T - 1 :]
+    torch.testing.assert_close(got, expected)

@@ -3,6 +3,7 @@ SDPA floor, interleaved in one process."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from .bench import add_common, add_device, apply_common, check_device
@@ -13,6 +14,23 @@ NAME = "attention"
 HELP = "MultiHeadAttention vs torch.nn.MultiheadAttention and the SDPA floor"
 REPEATS = 7  # samples per contender
 QUICK_REPEATS = 3
+
+
+MASKS = ("window", "documents", "prefix", "mask_mod")  # (bench.attention_structure.MASKS)
+
+
+def mask_kinds(text: str) -> tuple[str, ...]:
+    """--mask: 'all', or masks of MASKS separated by commas, in the order given."""
+    if text == "all":
+        return MASKS
+    kinds = tuple(part.strip() for part in text.split(","))
+    wrong = [kind for kind in kinds if kind not in MASKS]
+    if wrong or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(
+            f"expected one or more of {', '.join(MASKS)} separated by commas (each once), "
+            f"or all; got {text!r}"
+        )
+    return kinds
 
 
 def add_arguments(parser) -> None:
@@ -26,9 +44,11 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--mask",
-        choices=["window", "documents", "prefix", "mask_mod", "all"],
+        metavar="KIND[,KIND...]",
+        type=mask_kinds,
         help="structured attention instead: the function and the module against their ideal "
-        "(the cost of the allowed pairs), dense-mask SDPA and compiled flex_attention (CPU, fp32)",
+        "(the cost of the allowed pairs), dense-mask SDPA and compiled flex_attention (CPU, "
+        f"fp32); one or more of {', '.join(MASKS)} (comma-separated), or all",
     )
     parser.add_argument(
         "--contend",
@@ -62,7 +82,7 @@ def run(args) -> int:
 
 
 def _run_conditions(args) -> int:
-    from ..bench import attention_conditions, attention_structure, contend
+    from ..bench import attention_conditions, contend
 
     if args.mask is None:
         raise UsageError("--conditions measures the structured table: give --mask too")
@@ -78,8 +98,7 @@ def _run_conditions(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     apply_common(args)
-    kinds = attention_structure.MASKS if args.mask == "all" else (args.mask,)
-    reps = args.repeats or QUICK_REPEATS
+    kinds, reps = args.mask, args.repeats or QUICK_REPEATS
     attention_conditions.run(
         kinds, conditions, quick=args.quick, repeats=reps, emit=lambda s: print(s, flush=True)
     )
@@ -97,8 +116,7 @@ def _run(args) -> int:
                 f"--mask measures --device cpu --dtype fp32 (the tiled backend's targets), "
                 f"got --device {args.device} --dtype {args.dtype}"
             )
-        kinds = attention_structure.MASKS if args.mask == "all" else (args.mask,)
-        reps = args.repeats or QUICK_REPEATS
+        kinds, reps = args.mask, args.repeats or QUICK_REPEATS
         table = attention_structure.main(
             kinds, quick=args.quick, repeats=reps, contended=args.contend
         )

@@ -15,12 +15,14 @@ from ..hook_points import FUNCTION, hooks_for
 from .backends import (
     SDPA_BACKEND,
     available_backends,
-    first_plain_backend,
     get_backend,
     select_backend,
 )
 from .backends.eager import eager_attention
-from .backends.sdpa import sdpa_plain
+from .backends.registry import _PLAIN_ORDER as _plain_order
+from .backends.sdpa import NAN_QUIRK_KEYS, sdpa_plain
+from .backends.sdpa import _is_compiling as sdpa_is_compiling
+from .backends.sdpa import _sdpa as sdpa_kernel
 from .call import AttentionCall, dense_call, make_call
 from .mask_mod import MaskMod
 
@@ -53,7 +55,25 @@ def dispatch_plain(
     without building the `AttentionCall`: the same kernel, arguments and result (measured on
     `multihead bench attention`'s small calls, 201-round medians of per-round ratios: decode
     step 1.15x-1.17x -> 1.13x-1.14x of the floor, eval 1.12x-1.14x -> 1.09x-1.11x)."""
-    if mask is None and window is None and first_plain_backend() is SDPA_BACKEND:
+    # (the registry's list read here: first_plain_backend() is one call more per step)
+    if mask is None and window is None and _plain_order and _plain_order[0] is SDPA_BACKEND:
+        tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
+        # The common call (a decode step, whose one query sees every key; a call without
+        # causality), as `sdpa_plain` runs it, written out: at small shapes each Python call
+        # costs ~1% of the call (more than it takes alone: run between kernels, Python runs
+        # with cold caches). No causal flag, dropout or grouped heads (no keywords), no NaN
+        # correction where sdpa_plain makes none (the key count read only in eager mode on
+        # CPU: compiled, it would be a guard).
+        if (
+            dropout_p == 0.0
+            and (tq == 1 or not causal)
+            and d > 0
+            and q.shape[1] == k.shape[1]
+            and tq != 0
+            and tk != 0
+            and (not q.is_cpu or (not sdpa_is_compiling() and tk >= NAN_QUIRK_KEYS))
+        ):
+            return sdpa_kernel(q, k, v, scale=d**-0.5)
         out = sdpa_plain(q, k, v, causal, dropout_p)
         if out is not None:
             return out

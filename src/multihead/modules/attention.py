@@ -13,6 +13,7 @@ A forward is four steps, the same in every mode: project (and split heads), plac
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +49,7 @@ from .attention_positions import position_bias
 from .attention_project import output, project, project_key_value, project_query
 from .blocked_projection import blocked_projection_serves
 from .cache import CrossKVCache, KVCache, checkpoints, roll_back
+from .projections import plain_pair
 from .projections import submodule as _sub
 from .projections import weight_of as _weight
 from .static_cache import StaticKVCache
@@ -278,7 +280,13 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             and isinstance(query, Tensor)
             and query.dim() == 3
         ):
-            weight = _weight(_sub(self, "out_proj"))
+            layers: dict[str, Any] = self._modules  # (registered: never None)
+            in_proj, out_proj = layers["in_proj"], layers["out_proj"]
+            # Plain nn.Linear projections run as F.linear on their parameters (and give the
+            # weight to test the query against straight from _parameters: weight_like's
+            # attribute lookup misses on nn.Linear, raising and catching an AttributeError)
+            direct = plain_pair(in_proj, out_proj)
+            weight: Tensor = out_proj._parameters["weight"] if direct else _weight(out_proj)
             if (
                 query.shape[2] == self.embed_dim
                 and query.dtype == weight.dtype
@@ -286,7 +294,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 and hooks_for(self) is None
             ):
                 causal = self.causal if causal is None else check_flag("causal", causal)
-                return self._plain_forward(query, causal, cache)
+                return self._plain_forward(query, causal, cache, direct)
         structured = (
             window is not None
             or documents is not None

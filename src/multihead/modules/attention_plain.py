@@ -6,38 +6,50 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional.attention import dispatch_plain
 from .cache import KVCache
-from .projections import linear, split_fused, submodule
+from .projections import linear
 
 
-def plain_forward(module: Any, query: Tensor, causal: bool, cache: KVCache | None) -> Tensor:
+def plain_forward(
+    module: Any, query: Tensor, causal: bool, cache: KVCache | None, direct: bool = False
+) -> Tensor:
     """The common call, with nothing of the general path's to decide: batched
     self-attention through the packed projection; no hooks, mask, positions, position
     scheme or structure of the call's own; no cache or a KVCache. The same four steps as
-    `forward` in the fewest Python calls: at small shapes each costs ~1% of the call
-    (`multihead bench attention`, small calls vs the hand-written floor: a decode step at
-    width 576 1.22x -> 1.20x, an eval call at width 256 1.17x -> 1.15x; then, with the
-    fast path tested first in `forward`, a static cache written by `append_plain` and
-    fewer calls in make_call / dispatch / sdpa: decode 1.19x -> 1.15x, eval 1.13x ->
-    1.12x, medians of 31 rounds in three alternating process pairs; then `dispatch_plain`,
-    which builds no AttentionCall where auto would run torch's kernel as is: decode
-    1.16x -> 1.13x, eval 1.14x -> 1.10x, medians of per-round ratios).
+    `forward` in the fewest Python calls and tensor ops: at small shapes each costs ~1% of
+    the call, and more when the machine is shared (the weights of a layer leave the cache
+    while Python runs): see `multihead bench attention`'s small calls against the
+    hand-written floor, and docs/structured-attention.md. `direct`: both projections are
+    plain nn.Linear layers (`projections._plain`, tested by the caller), run as F.linear on
+    their parameters; otherwise each goes through `projections.linear`.
     query (B, T, C) -> (B, T, C)."""
     H, Hkv = module.num_heads, module.num_kv_heads
     B, T, _ = query.shape
-    # (B, T, C) -> q (B, H, T, D), k, v (B, Hkv, T, D)
-    q, k, v = split_fused(linear(submodule(module, "in_proj"), query), (H, Hkv, Hkv))
-    mask, window = None, None
+    layers = module._modules
+    in_proj, out_proj = layers["in_proj"], layers["out_proj"]
+    if direct:
+        params = in_proj._parameters
+        fused = F.linear(query, params["weight"], params["bias"])
+    else:
+        fused = linear(in_proj, query)
+    # (B, T, (H + 2 Hkv) D) -> (B, H + 2 Hkv, T, D) -> q (B, H, T, D), k, v (B, Hkv, T, D):
+    # viewed per head before the split (views of a split's pieces cost more)
+    heads = fused.view(B, T, H + 2 * Hkv, module.head_dim).transpose(1, 2)
     dropout_p = module.dropout if module.training else 0.0
     if cache is None:
-        out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
+        q, k, v = heads.split_with_sizes((H, Hkv, Hkv), dim=1)
+        out = dispatch_plain(q, k, v, causal, dropout_p)
     else:
+        # (B, H + 2 Hkv, T, D) -> q (B, H, T, D), kv (B, 2 Hkv, T, D): the cache takes k and v
+        # together (a static one in one copy)
+        q, kv = heads.split_with_sizes((H, 2 * Hkv), dim=1)
         point = cache.checkpoint()  # (a backend that refuses at run time: undo the append)
         try:
-            k, v, mask, window = cache.append_plain(module, k, v)
+            k, v, mask, window = cache.append_plain(module, kv)
             if mask is not None:  # padding the cache remembers: (B, Tk) -> (B, 1, 1, Tk)
                 mask = mask[:, None, None, :]
             out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
@@ -46,4 +58,7 @@ def plain_forward(module: Any, query: Tensor, causal: bool, cache: KVCache | Non
             raise
     # (B, H, T, Dv) -> (B, T, H * Dv): free when the kernel wrote (B, T, H, Dv), as SDPA does
     merged = out.transpose(1, 2).reshape(B, T, H * out.shape[3])
-    return linear(submodule(module, "out_proj"), merged)
+    if direct:
+        params = out_proj._parameters
+        return F.linear(merged, params["weight"], params["bias"])
+    return linear(out_proj, merged)

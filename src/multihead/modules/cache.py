@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -125,6 +125,10 @@ class _SelfAttentionCache(_OneModule):
 
 
 class KVCache(_SelfAttentionCache):
+    # A static cache's keys and values in one buffer (B, 2 Hkv, room, D), `_k` and `_v` its
+    # halves; None for a growing cache (and where values are wider or narrower than keys)
+    _kv: Tensor | None = None
+
     def __init__(
         self,
         batch_size: int,
@@ -180,8 +184,15 @@ class KVCache(_SelfAttentionCache):
 
     def _allocate(self, room: int, device) -> None:
         B, H = self.batch_size, self.num_kv_heads
-        self._k = torch.zeros(B, H, room, self.head_dim, dtype=self.dtype, device=device)
-        self._v = torch.zeros(B, H, room, self.value_dim, dtype=self.dtype, device=device)
+        if self.value_dim == self.head_dim:
+            # keys and values in one buffer (B, 2 Hkv, room, D), keys first: the plain path
+            # writes a decode step's k and v (adjacent heads of the fused projection) in one copy
+            self._kv = torch.zeros(B, 2 * H, room, self.head_dim, dtype=self.dtype, device=device)
+            self._k, self._v = self._kv[:, :H], self._kv[:, H:]
+        else:
+            self._kv = None
+            self._k = torch.zeros(B, H, room, self.head_dim, dtype=self.dtype, device=device)
+            self._v = torch.zeros(B, H, room, self.value_dim, dtype=self.dtype, device=device)
         self._mask = torch.zeros(B, room, dtype=torch.bool, device=device)
 
     def next_positions(self, count: int, device) -> Tensor:
@@ -249,25 +260,44 @@ class KVCache(_SelfAttentionCache):
             self._mask[:, :n] = True
 
     def append_plain(
-        self, module: object, k: Tensor, v: Tensor
+        self, module: Any, kv: Tensor
     ) -> tuple[Tensor, Tensor, Tensor | None, int | None]:
         """`keys_for` without a key mask, for the module's plain path (a decode step): append
-        k (B, Hkv, T, D) and v; return all keys, values, the key mask (B, Tk) or None and the
-        window, with no KeySet built."""
+        this call's keys and values kv (B, 2 Hkv, T, D) (keys, then values: heads of the fused
+        projection, Hkv = the module's key/value heads); return all keys, values, the key mask
+        (B, Tk) or None and the window, with no KeySet built."""
         if self._owner != id(module):
             self._bind(module)
-        if self.max_length is None or self.window is not None or self._padded:
+        buffer = self._kv
+        if buffer is None or self.window is not None or self._padded:
+            hkv = module.num_kv_heads
+            k, v = kv.split_with_sizes((hkv, kv.shape[1] - hkv), dim=1)
             keys, values, mask = self.update(k, v)
             return keys, values, mask, self.window
         # A static cache, no window, no padding (a plain decode step): `update` without its
-        # mask and window steps (each call and test of its general path costs ~1% of the step).
-        assert self._k is not None and self._v is not None
-        self._check_layout(k, v, None)
-        T = k.shape[2]
-        self._check_room(T)
-        self._append_static(k, v, None)
+        # mask and window steps, and `_append_static` without its sliding, written out here,
+        # with one copy for keys and values (each Python call, test and tensor op of the
+        # general path costs ~1% of the step at small widths).
+        T, s = kv.shape[2], self._stored
+        # (torch.Size compares with a tuple as is)
+        if kv.shape != (self.batch_size, 2 * self.num_kv_heads, T, self.head_dim) or (
+            kv.dtype != self.dtype
+        ):
+            hkv = module.num_kv_heads
+            k, v = kv.split_with_sizes((hkv, kv.shape[1] - hkv), dim=1)
+            self._check_layout(k, v, None)  # (names what does not fit)
+            raise ValueError(
+                f"the cache holds (batch {self.batch_size}, kv heads {self.num_kv_heads}, "
+                f"head_dim {self.head_dim}); got keys and values {tuple(kv.shape)}"
+            )
+        if self.length + T > self.max_length:  # type: ignore[operator]
+            self._check_room(T)
+        if buffer.device != kv.device:
+            raise ValueError(f"the cache is on {buffer.device}, got keys on {kv.device}")
+        buffer.narrow(2, s, T).copy_(kv)
+        n = self._stored = s + T
         self.length += T
-        n = self._stored
+        assert self._k is not None and self._v is not None
         return self._k.narrow(2, 0, n), self._v.narrow(2, 0, n), None, None
 
     def keys_for(
@@ -327,7 +357,11 @@ class KVCache(_SelfAttentionCache):
         """Keep rows (B,) of the batch, in that order (beam search, dropping finished rows)."""
         if self._k is None or self._v is None:
             raise ValueError("reorder() needs a cache that holds keys")
-        self._k, self._v = self._k[rows], self._v[rows]
+        if self._kv is not None:  # (a static cache's one buffer, as allocated)
+            self._kv = self._kv[rows]
+            self._k, self._v = self._kv[:, : self.num_kv_heads], self._kv[:, self.num_kv_heads :]
+        else:
+            self._k, self._v = self._k[rows], self._v[rows]
         if self._mask is not None:
             self._mask = self._mask[rows]
         self.batch_size = self._k.shape[0]

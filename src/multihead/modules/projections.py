@@ -43,6 +43,25 @@ def _plain(layer: nn.Module) -> bool:
     )
 
 
+def plain_pair(first: nn.Module, second: nn.Module) -> bool:
+    """`_plain(first) and _plain(second)`, in one call and one look at the global hooks (a
+    module's hot path tests its two projections per call)."""
+    return (
+        not _module._global_forward_hooks
+        and not _module._global_forward_pre_hooks
+        and type(first).forward is _LINEAR_FORWARD
+        and type(second).forward is _LINEAR_FORWARD
+        and "forward" not in first.__dict__
+        and "forward" not in second.__dict__
+        and not first._forward_hooks
+        and not first._forward_pre_hooks
+        and not second._forward_hooks
+        and not second._forward_pre_hooks
+        and type(first._parameters.get("weight")) is nn.Parameter
+        and type(second._parameters.get("weight")) is nn.Parameter
+    )
+
+
 def linear(layer: nn.Module, x: Tensor) -> Tensor:
     """`layer(x)`, minus Module.__call__ when that adds nothing (~7 us per call, a sixth of a
     whole attention layer at small shapes). Layers with hooks, sharded (DTensor) weights or
