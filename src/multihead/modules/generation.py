@@ -160,7 +160,10 @@ def _decode(
 
 def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bool) -> dict:
     """torch.compile's arguments for the prefill (`step=False`: dynamic prompt length) or the
-    decode step (static shapes, except the cache length if a later call has another one).
+    decode step (static shapes: each cache length, a multiple of STATIC_CACHE_BUCKET, compiles
+    its own step; with torch's default, automatic dynamic shapes, the second length compiled a
+    step symbolic in the cache length, slower per token than the static ones
+    (docs/performance.md)).
 
     With inductor (the default): on CUDA the step runs as a CUDA graph ("reduce-overhead");
     on CPU, generated kernels split work over threads only past aten's grain size (32768
@@ -168,7 +171,7 @@ def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bo
     (512 per thread) puts a fork/join around every small kernel, which cost 1.3-1.8x per step
     on this 2-core machine while it was busy. `options` (a dict) overrides these arguments."""
     extra = {} if options is True else dict(options)  # type: ignore[arg-type]
-    args: dict[str, Any] = {"fullgraph": True, "dynamic": None if step else True}
+    args: dict[str, Any] = {"fullgraph": True, "dynamic": not step}
     default_backend = extra.get("backend", "inductor") == "inductor"
     if default_backend and "mode" not in extra and "options" not in extra:
         if device.type == "cuda" and step:

@@ -8,6 +8,7 @@ Shapes: input_ids (B, T) -> logits (B, T, V). Generation keeps one KV cache per 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -341,6 +342,41 @@ class CausalLM(ModelWeights, nn.Module):
         # A layer whose checks fail undoes its cache's append (MultiHeadAttention.forward); the
         # layers before it had appended theirs: undone here, so the caches stay in step.
         points = checkpoints(*(caches or ()))
+        layers = (x, key_mask, caches, positions, points, window, documents, prefix, mask_mod)
+        if torch.compiler.is_compiling():  # (traced: the compiler shares what repeats)
+            x = self._layers(*layers, block_size)
+        else:
+            with ExitStack() as scope:  # RoPE's cos/sin made once per forward, not per layer
+                for scheme in self._rotary_schemes():
+                    scope.enter_context(scheme.shared_cos_sin())
+                x = self._layers(*layers, block_size)
+        if last_only:
+            x = x[:, -1:]
+        return self.norm_f(x)
+
+    def _rotary_schemes(self) -> list[RotaryEmbedding]:
+        """The distinct RotaryEmbedding modules the layers rotate by (one, or Gemma 3's two)."""
+        found: dict[int, RotaryEmbedding] = {}
+        for layer in self.layers:
+            scheme = getattr(getattr(layer, "attn", None), "position", None)
+            if isinstance(scheme, RotaryEmbedding):
+                found[id(scheme)] = scheme
+        return list(found.values())
+
+    def _layers(
+        self,
+        x: Tensor,
+        key_mask: Tensor | None,
+        caches: Sequence[KVCache | StaticKVCache] | None,
+        positions: Tensor,
+        points,
+        window: int | None,
+        documents: Tensor | None,
+        prefix: int | Tensor | None,
+        mask_mod: MaskMod | None,
+        block_size: int | tuple[int, int] | None,
+    ) -> Tensor:
+        """x (B, T, C) through every layer."""
         try:
             for i, layer in enumerate(self.layers):
                 # The layer's window reaches attention as structure (no (T, T) mask); a cache
@@ -362,9 +398,7 @@ class CausalLM(ModelWeights, nn.Module):
         except (ValueError, TypeError):
             roll_back(points)
             raise
-        if last_only:
-            x = x[:, -1:]
-        return self.norm_f(x)
+        return x
 
     def _positions(
         self,

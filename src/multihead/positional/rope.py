@@ -12,6 +12,9 @@ partial_rotary_factor): only the first `rotary_dim` values of each head rotate, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
@@ -61,6 +64,14 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if cos.dim() == 3:  # per-row positions: (B, T, D) -> (B, 1, T, D)
         cos, sin = cos[:, None], sin[:, None]
     return x * cos + _rotate_half(x) * sin
+
+
+def _rotated(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """`apply_rope` with the sign of rotate_half folded into the sin table: the halves of x
+    swapped (one flip) instead of split, negated and joined. x (..., D); tables broadcast."""
+    D = x.shape[-1]
+    swapped = x.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2)  # (..., D): x2 then x1
+    return x * cos + swapped * signed_sin
 
 
 class RotaryEmbedding(PositionScheme):
@@ -115,6 +126,21 @@ class RotaryEmbedding(PositionScheme):
         if scaling is not None and scaling.kind == "longrope":
             long = scaled_rope_frequencies(rotary, base, scaling, long=True).float()
         self.register_buffer("long_inv_freq", long, persistent=False)
+        # cos/sin by positions tensor, kept only inside `shared_cos_sin` (one forward)
+        self._memo: dict[tuple[int, torch.dtype], tuple[Tensor, Tensor, Tensor]] | None = None
+
+    @contextmanager
+    def shared_cos_sin(self) -> Iterator[None]:
+        """Inside: cos/sin are computed once per positions tensor (by identity) and dtype, and
+        reused by the layers that share this module (a decoder's forward passes every layer
+        the same positions). Eager only (compiled code computes them as traced); the memo
+        ends with the block, so a tensor changed in place after it is never read stale."""
+        outer = self.__dict__.get("_memo")
+        self.__dict__["_memo"] = {} if outer is None else outer
+        try:
+            yield
+        finally:
+            self.__dict__["_memo"] = outer
 
     @property
     def dynamic(self) -> bool:
@@ -146,6 +172,30 @@ class RotaryEmbedding(PositionScheme):
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin of shape (*positions.shape, rotary_dim), times the attention factor."""
+        cos, signed = self._tables(positions, dtype)
+        half = signed.shape[-1] // 2
+        return cos, torch.cat([-signed[..., :half], signed[..., half:]], dim=-1)
+
+    def _tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and the signed sin (-sin on the first half, sin on the second) that `rotate`
+        multiplies by: x cos + swap_halves(x) signed_sin is x cos + rotate_half(x) sin exactly
+        (a sign flip rounds nothing). Inside `shared_cos_sin`, made once per positions tensor."""
+        memo = self.__dict__.get("_memo")
+        if memo is not None and not torch.compiler.is_compiling():
+            hit = memo.get((id(positions), dtype))
+            if hit is not None and hit[0] is positions:
+                return hit[1], hit[2]
+            cos, signed = self._signed(positions, dtype)
+            memo[(id(positions), dtype)] = (positions, cos, signed)
+            return cos, signed
+        return self._signed(positions, dtype)
+
+    def _signed(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        cos, sin = self._cos_sin(positions, dtype)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+    def _cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         inv_freq = self.frequencies(positions)
         angles = positions.float()[..., None] * inv_freq.float().to(positions.device)  # (..., D/2)
         angles = torch.cat([angles, angles], dim=-1)  # (..., D)
@@ -160,14 +210,16 @@ class RotaryEmbedding(PositionScheme):
             raise ValueError(
                 f"q head_dim {q.shape[-1]} != RotaryEmbedding head_dim {self.head_dim}"
             )
-        cos, sin = self.cos_sin(positions, q.dtype)
+        cos, signed = self._tables(positions, q.dtype)
+        if cos.dim() == 3:  # per-row positions: (B, T, D) -> (B, 1, T, D)
+            cos, signed = cos[:, None], signed[:, None]
         r = self.rotary_dim
         if r == self.head_dim:
-            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            return _rotated(q, cos, signed), _rotated(k, cos, signed)
         # (B, H, T, D) -> rotated (..., :r) and passed (..., r:) parts
         return (
-            torch.cat([apply_rope(q[..., :r], cos, sin), q[..., r:]], dim=-1),
-            torch.cat([apply_rope(k[..., :r], cos, sin), k[..., r:]], dim=-1),
+            torch.cat([_rotated(q[..., :r], cos, signed), q[..., r:]], dim=-1),
+            torch.cat([_rotated(k[..., :r], cos, signed), k[..., r:]], dim=-1),
         )
 
     def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:

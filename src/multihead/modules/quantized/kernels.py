@@ -601,8 +601,14 @@ def tiled_transposed(g: Tensor, N: int, K: int, rows) -> Tensor:
 # -- the products as torch operators (what torch.compile sees) ------------------------------
 
 
-@torch.library.custom_op("multihead::packed_mm", mutates_args=())
-def packed_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
+# multihead::packed_mm is defined on a torch.library.Library, not with custom_op: compiled code
+# calls it once per product (151 times per SmolLM2 token), and custom_op's Python wrapper cost
+# ~8 us a call more (36 vs 27 us on a 576 x 576 matrix, two threads, docs/performance.md).
+_OPS = torch.library.Library("multihead", "FRAGMENT")
+_OPS.define("packed_mm(Tensor x, Tensor qs, Tensor scale, Tensor? zero, str form) -> Tensor")
+
+
+def _packed_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
     """x (M, K) float32 @ w^T -> (M, N) float32, w the `form` ("int4" or "int8") packed
     matrix: an opaque operator, so torch.compile (fullgraph) calls the kernel instead of
     tracing into ctypes."""
@@ -611,7 +617,11 @@ def packed_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: s
     return int8_mm(x, qs, scale)
 
 
-@packed_mm.register_fake
+_OPS.impl("packed_mm", _packed_mm, "CompositeExplicitAutograd")
+packed_mm = torch.ops.multihead.packed_mm.default
+
+
+@torch.library.register_fake("multihead::packed_mm")
 def _packed_mm_fake(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
     return x.new_empty(x.shape[0], qs.shape[0])
 

@@ -1,0 +1,103 @@
+"""What a decode step computes once: RoPE's cos/sin once per forward (not per layer), RMSNorm
+through torch's fused op with the textbook formula's values, and the compiled decode step
+static in the cache length (one graph per cache length, none symbolic in it)."""
+
+import torch
+
+from multihead import CausalLM, LMConfig
+from multihead.modules.norm import RMSNorm
+from multihead.positional.rope import RotaryEmbedding, apply_rope
+
+
+def _model(num_layers: int = 3) -> CausalLM:
+    torch.manual_seed(0)
+    cfg = LMConfig(
+        vocab_size=53,
+        dim=32,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=2,
+        position="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+    )
+    return CausalLM(cfg).eval()
+
+
+def test_rope_tables_are_made_once_per_forward_and_rotate_as_the_formula(monkeypatch):
+    m = _model()
+    calls = []
+    made = RotaryEmbedding._cos_sin
+
+    def counting(self, positions, dtype):
+        calls.append(positions)
+        return made(self, positions, dtype)
+
+    ids = torch.randint(0, 53, (2, 7))
+    with torch.no_grad():
+        expected = m(ids)
+        monkeypatch.setattr(RotaryEmbedding, "_cos_sin", counting)
+        got = m(ids)
+        assert len(calls) == 1  # three layers, one table
+        caches = m.make_caches(2, max_length=12)
+        m(ids, caches=caches)
+        m(ids[:, :1], caches=caches)
+    assert len(calls) == 3  # one per forward, not kept across forwards
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # the rotation against the rotate-half formula (Su et al. / GPT-NeoX layout), per row too
+    rope = RotaryEmbedding(16, base=500.0)
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    for positions in (torch.arange(3, 8), torch.tensor([[0, 1, 2, 3, 4], [9, 10, 11, 12, 13]])):
+        angles = positions.double()[..., None] * rope.inv_freq.double()
+        cos = torch.cat([angles, angles], -1).cos().float()
+        sin = torch.cat([angles, angles], -1).sin().float()
+        rq, rk = rope.rotate(q, k, positions)
+        torch.testing.assert_close(rq, apply_rope(q, cos, sin), rtol=0, atol=1e-5)
+        torch.testing.assert_close(rk, apply_rope(k, cos, sin), rtol=0, atol=1e-5)
+
+
+def test_rmsnorm_fused_path_has_the_formulas_values():
+    torch.manual_seed(1)
+    for weight in (True, False):
+        norm = RMSNorm(48, eps=1e-5, elementwise_affine=weight)
+        if weight:
+            with torch.no_grad():
+                norm.weight.normal_()
+        x = torch.randn(3, 5, 48) * 4
+        ref = (x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()).float()
+        if weight:
+            ref = ref * norm.weight
+        torch.testing.assert_close(norm(x), ref, rtol=1e-6, atol=1e-6)
+    # bfloat16 and Gemma's offset keep the float32 formula and the cast back
+    norm = RMSNorm(48, eps=1e-6, offset=1.0)
+    x = torch.randn(2, 48)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(norm(x), h * (norm.weight + 1.0), rtol=0, atol=0)
+
+
+def test_compiled_decode_step_is_static_in_the_cache_length():
+    m = _model(num_layers=1)
+    graphs: list[bool] = []  # per compiled graph: does any input have a symbolic size?
+
+    def recording(gm, example_inputs):
+        symbolic = any(
+            isinstance(d, torch.SymInt)
+            for t in example_inputs
+            if isinstance(t, torch.Tensor)
+            for d in t.shape
+        ) or any(isinstance(t, torch.SymInt) for t in example_inputs)
+        graphs.append(symbolic)
+        return gm.forward
+
+    torch._dynamo.reset()
+    ids = torch.randint(0, 53, (1, 5))
+    with torch.no_grad():
+        short = m.generate(ids, 3, compile={"backend": recording})  # cache 64
+        long = m.generate(ids, 70, compile={"backend": recording})  # cache 128
+        assert torch.equal(short, m.generate(ids, 3))
+        assert torch.equal(long, m.generate(ids, 70))
+    torch._dynamo.reset()
+    # per cache length a prefill (dynamic in the prompt length) and a static step (with
+    # dynamo's automatic dynamic shapes the second step was symbolic: slower per token)
+    assert graphs == [True, False, True, False]
