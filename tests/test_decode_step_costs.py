@@ -57,6 +57,40 @@ def test_rope_tables_are_made_once_per_forward_and_rotate_as_the_formula(monkeyp
         torch.testing.assert_close(rk, apply_rope(k, cos, sin), rtol=0, atol=1e-5)
 
 
+def test_rope_tables_are_shared_within_a_thread_only(monkeypatch):
+    """The shared tables live in the caller's context: a second thread that runs the same
+    rotary module while the first is inside its forward computes its own (and leaves nothing
+    behind once both are done)."""
+    import threading
+
+    rope = RotaryEmbedding(16, base=500.0)
+    made = RotaryEmbedding._cos_sin
+    calls: list[str] = []
+
+    def counting(self, positions, dtype):
+        calls.append(threading.current_thread().name)
+        return made(self, positions, dtype)
+
+    monkeypatch.setattr(RotaryEmbedding, "_cos_sin", counting)
+    q, k = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16)
+    positions = torch.arange(5)
+
+    def other() -> None:
+        rope.rotate(q, k, positions)
+        rope.rotate(q, k, positions)
+
+    with rope.shared_cos_sin():
+        rope.rotate(q, k, positions)
+        t = threading.Thread(target=other, name="other")
+        t.start()
+        t.join()
+        rope.rotate(q, k, positions)
+    assert calls.count("other") == 2  # outside any block in its own context: no sharing
+    assert calls.count(threading.current_thread().name) == 1
+    rope.rotate(q, k, positions)  # after the block: computed again
+    assert len(calls) == 4
+
+
 def test_rmsnorm_fused_path_has_the_formulas_values():
     torch.manual_seed(1)
     for weight in (True, False):
@@ -101,3 +135,26 @@ def test_compiled_decode_step_is_static_in_the_cache_length():
     # per cache length a prefill (dynamic in the prompt length) and a static step (with
     # dynamo's automatic dynamic shapes the second step was symbolic: slower per token)
     assert graphs == [True, False, True, False]
+
+
+def test_compiled_generation_at_many_lengths_never_hits_the_recompile_limit():
+    """Each (batch, cache length) compiles a static step; under fullgraph dynamo fails hard
+    past 8 recompilations of one code object, so the steps must not share one: nine lengths
+    and a second batch size in one process all generate, equal to eager."""
+    m = _model(num_layers=1)
+    compiled: list[int] = []
+
+    def recording(gm, example_inputs):
+        compiled.append(1)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for i, batch in [(i, 1) for i in range(9)] + [(0, 2), (1, 2)]:
+            ids = torch.randint(0, 53, (batch, 5 + 64 * i))  # cache 64 (i + 1)
+            new = 3
+            got = m.generate(ids, new, compile={"backend": recording})
+            assert torch.equal(got, m.generate(ids, new)), (i, batch)
+    torch._dynamo.reset()
+    assert len(compiled) >= 11  # (a step per shape, and the prefill)

@@ -1,10 +1,11 @@
 """Generation for `CausalLM`: a prefill of the prompts, then one token per step from KV caches.
 
 Eager (default): preallocated `KVCache`s that hand out the keys cached so far.
-`compile=True`: `StaticKVCache`s (fixed shapes, written at index tensors); the prefill and the
-decode step are each compiled once with `torch.compile(fullgraph=True)` (the prefill with a
-dynamic prompt length), and on CUDA the decode step runs as a CUDA graph (mode
-"reduce-overhead"). Later calls with the same batch size and cache length reuse the code.
+`compile=True`: `StaticKVCache`s (fixed shapes, written at index tensors); the prefill is
+compiled once with `torch.compile(fullgraph=True)` (dynamic in the prompt length), the decode
+step once per (batch size, cache length) with static shapes (`_step_for`), and on CUDA the
+decode step runs as a CUDA graph (mode "reduce-overhead"). Later calls with the same batch
+size and cache length reuse the code.
 
 Sampling stays on the device: nothing is read on the host per token, except to check `eos`,
 read once every `eos_check_every` steps (tokens are held back until the check, so the output
@@ -17,7 +18,9 @@ Shapes: prompt_ids (B, P); attention_mask (B, P); logits (B, V); tokens (B,).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -160,8 +163,8 @@ def _decode(
 
 def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bool) -> dict:
     """torch.compile's arguments for the prefill (`step=False`: dynamic prompt length) or the
-    decode step (static shapes: each cache length, a multiple of STATIC_CACHE_BUCKET, compiles
-    its own step; with torch's default, automatic dynamic shapes, the second length compiled a
+    decode step (static shapes: each batch size and cache length, a multiple of
+    STATIC_CACHE_BUCKET, compiles its own step (`_step_for`); with torch's default, automatic dynamic shapes, the second length compiled a
     step symbolic in the cache length, slower per token than the static ones
     (docs/performance.md)).
 
@@ -181,11 +184,33 @@ def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bo
     return {**args, **extra}
 
 
-def _compiled(options: bool | dict[str, Any], device: torch.device) -> tuple[Callable, Callable]:
-    """The prefill and the decode step under torch.compile (see `_compile_args`)."""
+@functools.cache
+def _step_for(batch: int, length: int) -> Callable:
+    """`_decode` under a code object of its own for one (batch size, cache length). Dynamo
+    keeps compiled code per code object and, under fullgraph, fails hard past its recompile
+    limit (8): with every (batch, length) a static step of the one `_decode`, the ninth
+    length a process generated at raised. One code object per shape keeps each to its few
+    variants (dtypes, devices, models), and later calls of that shape reuse its code. (A
+    cache of functions, as torch's own cache of compiled code: nothing in it changes a
+    result.)"""
+    code = _decode.__code__.replace(co_name=f"_decode_b{batch}_t{length}")
+    step = types.FunctionType(code, _decode.__globals__, code.co_name, _decode.__defaults__)
+    step.__doc__ = _decode.__doc__
+    return step
+
+
+def _compiled(
+    options: bool | dict[str, Any], device: torch.device
+) -> tuple[Callable, Callable[[int, int], Callable]]:
+    """The prefill, and the decode step of a (batch, cache length), under torch.compile
+    (see `_compile_args`)."""
     prefill = torch.compile(_prefill, **_compile_args(options, device, step=False))
-    decode = torch.compile(_decode, **_compile_args(options, device, step=True))
-    return prefill, decode
+    step_args = _compile_args(options, device, step=True)
+
+    def decode_for(batch: int, length: int) -> Callable:
+        return torch.compile(_step_for(batch, length), **step_args)
+
+    return prefill, decode_for
 
 
 def _check_mask(attention_mask: object, shape: torch.Size) -> Tensor:
@@ -282,7 +307,7 @@ def _stream(
     sampling: tuple[float, int | None, float | None, torch.Generator | None],
     eos: int | None,
     every: int,
-    steps: tuple[Callable, Callable] | None,
+    steps: tuple[Callable, Callable[[int, int], Callable]] | None,
 ) -> Iterator[Tensor]:
     B, P = prompt_ids.shape
     device = prompt_ids.device
@@ -291,7 +316,7 @@ def _stream(
         length = -(-length // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
     caches = model.make_caches(B, max_length=length, static=steps is not None)
     head = head_copy_for(model, B, new)
-    prefill, decode = steps or (_prefill, _decode)
+    prefill, decode = (steps[0], steps[1](B, length)) if steps else (_prefill, _decode)
     graphs = steps is not None and device.type == "cuda"
     if mask is None:
         positions, prompt_positions = torch.full((B,), P, device=device), None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
@@ -74,6 +75,14 @@ def _rotated(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return x * cos + swapped * signed_sin
 
 
+# cos/sin tables shared by the layers of one forward (`RotaryEmbedding.shared_cos_sin`), keyed
+# by (module, positions tensor, dtype); None outside such a block. A context variable: each
+# thread (and asyncio task) sees only its own forward's tables.
+_SHARED: ContextVar[dict[tuple[int, int, torch.dtype], tuple[Tensor, Tensor, Tensor]] | None] = (
+    ContextVar("multihead_shared_rope_tables", default=None)
+)
+
+
 class RotaryEmbedding(PositionScheme):
     """Rotates q and k by their positions. cos/sin are computed from the positions on every call
     (fp32 angles, as Hugging Face and torchtitan do): no table to outgrow, nothing read from
@@ -126,21 +135,21 @@ class RotaryEmbedding(PositionScheme):
         if scaling is not None and scaling.kind == "longrope":
             long = scaled_rope_frequencies(rotary, base, scaling, long=True).float()
         self.register_buffer("long_inv_freq", long, persistent=False)
-        # cos/sin by positions tensor, kept only inside `shared_cos_sin` (one forward)
-        self._memo: dict[tuple[int, torch.dtype], tuple[Tensor, Tensor, Tensor]] | None = None
 
     @contextmanager
     def shared_cos_sin(self) -> Iterator[None]:
         """Inside: cos/sin are computed once per positions tensor (by identity) and dtype, and
         reused by the layers that share this module (a decoder's forward passes every layer
-        the same positions). Eager only (compiled code computes them as traced); the memo
-        ends with the block, so a tensor changed in place after it is never read stale."""
-        outer = self.__dict__.get("_memo")
-        self.__dict__["_memo"] = {} if outer is None else outer
+        the same positions). Eager only (compiled code computes them as traced). The memo
+        lives in the caller's context (a context variable), not on the module: two threads
+        running one model each have their own, and it ends with the block, so a tensor
+        changed in place after it is never read stale."""
+        token = _SHARED.set({}) if _SHARED.get() is None else None
         try:
             yield
         finally:
-            self.__dict__["_memo"] = outer
+            if token is not None:
+                _SHARED.reset(token)
 
     @property
     def dynamic(self) -> bool:
@@ -180,13 +189,16 @@ class RotaryEmbedding(PositionScheme):
         """cos and the signed sin (-sin on the first half, sin on the second) that `rotate`
         multiplies by: x cos + swap_halves(x) signed_sin is x cos + rotate_half(x) sin exactly
         (a sign flip rounds nothing). Inside `shared_cos_sin`, made once per positions tensor."""
-        memo = self.__dict__.get("_memo")
-        if memo is not None and not torch.compiler.is_compiling():
-            hit = memo.get((id(positions), dtype))
+        if torch.compiler.is_compiling():  # (traced: the compiler shares what repeats)
+            return self._signed(positions, dtype)
+        memo = _SHARED.get()
+        if memo is not None:
+            key = (id(self), id(positions), dtype)
+            hit = memo.get(key)  # (the entry holds positions: its id is not reused meanwhile)
             if hit is not None and hit[0] is positions:
                 return hit[1], hit[2]
             cos, signed = self._signed(positions, dtype)
-            memo[(id(positions), dtype)] = (positions, cos, signed)
+            memo[key] = (positions, cos, signed)
             return cos, signed
         return self._signed(positions, dtype)
 
