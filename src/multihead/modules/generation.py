@@ -164,9 +164,9 @@ def _decode(
 def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bool) -> dict:
     """torch.compile's arguments for the prefill (`step=False`: dynamic prompt length) or the
     decode step (static shapes: each batch size and cache length, a multiple of
-    STATIC_CACHE_BUCKET, compiles its own step (`_step_for`); with torch's default, automatic dynamic shapes, the second length compiled a
-    step symbolic in the cache length, slower per token than the static ones
-    (docs/performance.md)).
+    STATIC_CACHE_BUCKET, compiles its own step (`_step_for`); with torch's default, automatic
+    dynamic shapes, the second length compiled a step symbolic in the cache length, slower per
+    token than the static ones (docs/performance.md)).
 
     With inductor (the default): on CUDA the step runs as a CUDA graph ("reduce-overhead");
     on CPU, generated kernels split work over threads only past aten's grain size (32768
