@@ -496,29 +496,21 @@ def _cpu_contiguous(qs: Tensor, scale: Tensor, zero: Tensor | None = None) -> bo
 # -- products -------------------------------------------------------------------------------
 
 
+def _kernel_reads(x: Tensor) -> bool:
+    """Whether the compiled kernel takes activations x (M, K): float32 on the CPU, at most
+    KERNEL_MAX_ROWS rows (above that dequantise + GEMM is faster)."""
+    return x.shape[0] <= KERNEL_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+
+
 def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
     """x (M, K) @ w^T -> (M, N), w the int4 form."""
-    M, K = x.shape
-    N = qs.shape[0]
-    lib = _library()
-    if (
-        M <= KERNEL_MAX_ROWS
-        and lib is not None
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and _cpu_contiguous(qs, scale, zero)
-    ):
-        x = x.contiguous()
-        y = torch.empty(M, N)
-        lib.mh_int4_mm(
-            x.data_ptr(), qs.data_ptr(), scale.data_ptr(),
-            None if zero is None else zero.data_ptr(), scale.dtype == torch.float16,
-            y.data_ptr(), M, N, K, torch.get_num_threads(),
-        )  # fmt: skip
-        return y
+    args = kernel_args("int4", qs, scale, zero) if _kernel_reads(x) else None
+    if args is not None:
+        return run_kernel(x.contiguous(), args)
     return _tiled(
-        x, N, lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype)
-    )
+        x, qs.shape[0],
+        lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype),
+    )  # fmt: skip
 
 
 def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
@@ -558,24 +550,10 @@ def _rows(t: Tensor | None, a: int, b: int) -> Tensor | None:
 
 def int8_mm(x: Tensor, qs: Tensor, scale: Tensor) -> Tensor:
     """x (M, K) @ w^T -> (M, N), w the int8 form."""
-    M, K = x.shape
-    N = qs.shape[0]
-    lib = _library()
-    if (
-        M <= KERNEL_MAX_ROWS
-        and lib is not None
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and _cpu_contiguous(qs, scale)
-    ):
-        x = x.contiguous()
-        y = torch.empty(M, N)
-        lib.mh_int8_mm(
-            x.data_ptr(), qs.data_ptr(), scale.data_ptr(), scale.dtype == torch.float16,
-            y.data_ptr(), M, N, K, torch.get_num_threads(),
-        )  # fmt: skip
-        return y
-    return _tiled(x, N, lambda a, b: dequantize_int8(qs[a:b], scale[a:b], x.dtype))
+    args = kernel_args("int8", qs, scale, None) if _kernel_reads(x) else None
+    if args is not None:
+        return run_kernel(x.contiguous(), args)
+    return _tiled(x, qs.shape[0], lambda a, b: dequantize_int8(qs[a:b], scale[a:b], x.dtype))
 
 
 def _tiled(x: Tensor, N: int, rows) -> Tensor:

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .kernels import (
-    KERNEL_MAX_ROWS,
     SCALE_DTYPES,
+    _kernel_reads,
     _tiled,
     dequantize_int4,
     dequantize_int8,
@@ -140,12 +140,7 @@ class PackedRows(nn.Module):
     def _matmul(self, x: Tensor) -> Tensor:
         if self.form != "blocks" and x.device.type == "cpu" and torch.compiler.is_compiling():
             return packed_mm(x.float(), self.qs, self.scale, self.zero, self.form).to(x.dtype)
-        if (
-            x.dtype == torch.float32
-            and x.shape[0] <= KERNEL_MAX_ROWS
-            and x.device.type == "cpu"
-            and self.form != "blocks"
-        ):
+        if self.form != "blocks" and _kernel_reads(x):
             args = self._kernel_args()
             if args is not None:
                 return run_kernel(x.contiguous(), args)
