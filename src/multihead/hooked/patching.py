@@ -149,13 +149,19 @@ def _patch_positions(clean: Tensor, position: int) -> Callable[[Tensor, str], Te
     return fn
 
 
+def _names_asked(argument: str, value: str | Sequence[str], allowed: tuple[str, ...]) -> list[str]:
+    """`value` (one name or several) as a list, each checked to be one of `allowed`."""
+    names = [value] if isinstance(value, str) else list(value)
+    for name in names:
+        if name not in allowed:
+            choices = " and/or ".join(repr(a) for a in allowed)
+            raise ValueError(f"{argument} names {choices}, got {name!r}")
+    return names
+
+
 def resid_streams(resid: str | Sequence[str]) -> list[str]:
     """The residual streams asked for ("resid_pre" and/or "resid_post"), checked."""
-    streams = [resid] if isinstance(resid, str) else list(resid)
-    for name in streams:
-        if name not in ("resid_pre", "resid_post"):
-            raise ValueError(f"resid names 'resid_pre' and/or 'resid_post', got {name!r}")
-    return streams
+    return _names_asked("resid", resid, ("resid_pre", "resid_post"))
 
 
 def block_count(known: set[str]) -> int:
@@ -168,11 +174,7 @@ def block_count(known: set[str]) -> int:
 
 def qk_points(qk: str | Sequence[str]) -> list[str]:
     """The query/key points asked for ("q" and/or "k"), checked."""
-    points = [qk] if isinstance(qk, str) else list(qk)
-    for point in points:
-        if point not in ("q", "k"):
-            raise ValueError(f"qk names 'q' and/or 'k', got {point!r}")
-    return list(dict.fromkeys(points))
+    return list(dict.fromkeys(_names_asked("qk", qk, ("q", "k"))))
 
 
 def qk_rows(model: nn.Module, point: str) -> list[tuple[str, int]]:
