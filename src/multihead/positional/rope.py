@@ -181,9 +181,7 @@ class RotaryEmbedding(PositionScheme):
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin of shape (*positions.shape, rotary_dim), times the attention factor."""
-        cos, signed = self._tables(positions, dtype)
-        half = signed.shape[-1] // 2
-        return cos, torch.cat([-signed[..., :half], signed[..., half:]], dim=-1)
+        return self._cos_sin(positions, dtype)
 
     def _tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and the signed sin (-sin on the first half, sin on the second) that `rotate`
