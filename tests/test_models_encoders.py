@@ -86,7 +86,18 @@ def test_embeddings_match_sentence_transformers(saved, tmp_path, model_type, poo
     assert ours.shape == ref.shape == (len(texts), 24 * len(modes))
     assert np.abs(ours - ref).max() <= 1e-5
     assert cosines(ours, ref).min() >= 0.99999
-    assert np.abs(enc.encode(texts, batch_size=1) - ours).max() <= 1e-6
+    alone = enc.encode(texts, batch_size=1)
+    if model_type != "modernbert":
+        # packed batches (no padding, each text's attention over its own tokens): a text's
+        # embedding is the same bits whichever texts share its batch
+        assert np.array_equal(alone, ours)
+    else:
+        # ModernBERT's sliding window runs packed texts as a right-padded batch: a text's
+        # softmax sums run over the batch's longest length instead of its own, so the last bits
+        # move (measured over 40 random vocabularies: up to 4 ulps of the largest value; the
+        # WordPiece trainer's vocabulary, hence the inputs, changes from process to process).
+        # A leak across padding or texts would be ~1e-3.
+        assert np.abs(alone - ours).max() <= 16 * np.spacing(np.abs(ours).max())
 
 
 def test_legacy_sentence_transformers_files(saved, tmp_path):
