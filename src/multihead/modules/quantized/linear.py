@@ -29,12 +29,12 @@ from torch import Tensor, nn
 from .kernels import (
     SCALE_DTYPES,
     _kernel_reads,
+    _plan,
     _tiled,
     dequantize_int4,
     dequantize_int8,
     int4_mm,
     int8_mm,
-    kernel_args,
     packed_mm,
     packed_take,
     run_kernel,
@@ -125,17 +125,13 @@ class PackedRows(nn.Module):
         return self._matmul(x)
 
     def _kernel_args(self) -> tuple | None:
-        """The kernel's constants for these buffers, remade when a buffer moved (`.to()`,
-        `load_state_dict`): plain ints, so the module still pickles and deep-copies."""
+        """The kernel's constants for these buffers (`kernels._plan`: kept beside the qs tensor,
+        not on the module, so the module still pickles and deep-copies; remade when a buffer
+        moved: `.to()`, `load_state_dict`)."""
         b = self._buffers
         qs, scale, zero = b["qs"], b["scale"], b["zero"]
         assert qs is not None and scale is not None
-        key = (qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr())
-        cached = self.__dict__.get("_kernel")
-        if cached is None or cached[0] != key:
-            cached = (key, kernel_args(self.form, qs, scale, zero))
-            self.__dict__["_kernel"] = cached
-        return cached[1]
+        return _plan(self.form, qs, scale, zero)
 
     def _matmul(self, x: Tensor) -> Tensor:
         if self.form != "blocks" and x.device.type == "cpu" and torch.compiler.is_compiling():
