@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 
 from .kernels import (
     SCALE_DTYPES,
@@ -36,8 +37,10 @@ from .kernels import (
     int4_mm,
     int8_mm,
     packed_mm,
+    packed_mm_pair,
     packed_take,
     run_kernel,
+    run_pair,
     tiled_transposed,
 )
 
@@ -238,6 +241,60 @@ class QuantizedEmbedding(nn.Module):
         # out-of-range ids: the same IndexError an nn.Embedding raises
         F.embedding(ids, torch.empty(self.num_embeddings, 0, device=ids.device))
         return self.packed.take(ids)  # (...) -> (..., C)
+
+
+def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """`(first(x), second(x))` for two projections of one input (SwiGLU's gate and up). When
+    both are packed in one form, without bias, hooks or a replaced forward, and x is one row
+    of float32 activations (a decoding step) that needs no gradient, both products are one
+    kernel call (values as the two calls give them); otherwise the two modules are called."""
+    if (
+        type(first) is QuantizedLinear
+        and type(second) is QuantizedLinear
+        and x.dtype is torch.float32
+        and x.is_cpu
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and first.bias is None
+        and second.bias is None
+        and _no_hooks(first)
+        and _no_hooks(second)
+    ):
+        a: PackedRows = first._modules["packed"]  # type: ignore[assignment]
+        b: PackedRows = second._modules["packed"]  # type: ignore[assignment]
+        shape = x.shape
+        if (
+            a.form == b.form
+            and a.form != "blocks"
+            and shape[-1] == a.shape[1] == b.shape[1]
+            and x.numel() == shape[-1]  # one row
+        ):
+            # (..., K) -> (1, K) -> (1, NA + NB) -> two (..., N)
+            y = _pair_matmul(a, b, x.reshape(1, shape[-1]))
+            if y is not None:
+                u, v = y.split((a.shape[0], b.shape[0]), dim=1)
+                return u.view(*shape[:-1], a.shape[0]), v.view(*shape[:-1], b.shape[0])
+    return first(x), second(x)
+
+
+def _pair_matmul(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
+    if torch.compiler.is_compiling():
+        return packed_mm_pair(x, a.qs, a.scale, a.zero, b.qs, b.scale, b.zero, a.form)
+    pa, pb = a._kernel_args(), b._kernel_args()
+    if pa is None or pb is None or pa[4] != pb[4]:
+        return None
+    return run_pair(x.contiguous(), a.form == "int4", pa, pb)
+
+
+def _no_hooks(layer: nn.Module) -> bool:
+    """No forward hooks (its own or global) and no forward set on the instance: calling the
+    module is exactly its forward."""
+    return (
+        not layer._forward_hooks
+        and not layer._forward_pre_hooks
+        and "forward" not in layer.__dict__
+        and not _module._global_forward_hooks
+        and not _module._global_forward_pre_hooks
+    )
 
 
 def weight_like(layer: nn.Module) -> Tensor:
