@@ -125,6 +125,11 @@ static inline void mh_row_scales(const void *scale, const void *zero, int half, 
     mh_block_scales(scale, zero, half, n, G, 1, sf, zf);
 }
 
+/* software prefetch of `bytes` from p (rows ahead of the ones computed: see mh_m1_block) */
+static inline void mh_prefetch(const void *p, long bytes) {
+    for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
+}
+
 #if MH_ISA == 512
 /* 16 int8 -> 16 floats */
 static inline __m512 mh_i8f(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
@@ -200,14 +205,10 @@ static inline void mh_m1_block(int int4, const float *x, const void *qs, const v
     const long G = K / 32, R = N - n < MH_BLOCK ? N - n : MH_BLOCK;
     const long row = int4 ? K / 2 : K, srow = G * (half ? 2 : 4);
     if (n + (MH_AHEAD + 1) * MH_BLOCK <= N) { /* software prefetch MH_AHEAD blocks ahead */
-        const char *q = (const char *)qs + (n + MH_AHEAD * MH_BLOCK) * row;
-        const char *s = (const char *)scale + (n + MH_AHEAD * MH_BLOCK) * srow;
-        const char *z = zero ? (const char *)zero + (n + MH_AHEAD * MH_BLOCK) * srow : s;
-        for (long i = 0; i < MH_BLOCK * row; i += 64) _mm_prefetch(q + i, _MM_HINT_T0);
-        for (long i = 0; i < MH_BLOCK * srow; i += 64) {
-            _mm_prefetch(s + i, _MM_HINT_T0);
-            _mm_prefetch(z + i, _MM_HINT_T0);
-        }
+        const long ahead = n + MH_AHEAD * MH_BLOCK;
+        mh_prefetch((const char *)qs + ahead * row, MH_BLOCK * row);
+        mh_prefetch((const char *)scale + ahead * srow, MH_BLOCK * srow);
+        if (zero) mh_prefetch((const char *)zero + ahead * srow, MH_BLOCK * srow);
     }
     if (int4) {
         const uint8_t *q = (const uint8_t *)qs + n * (K / 2);
