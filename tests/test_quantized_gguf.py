@@ -80,7 +80,9 @@ def test_products_against_float64(rows, no_kernels, stored, monkeypatch):
 
 def _check_products(rows: int, stored: str) -> None:
     g = torch.Generator().manual_seed(0)
-    N, K = 40, 96 + 32 * 16  # 19 groups: the two-group loops' remainder, the 16-wide scales'
+    # 19 groups (the 16-wide scale conversion's masked tail); 43 rows (the one-row path's blocks
+    # of 4 rows and a remainder of 3)
+    N, K = 43, 96 + 32 * 16
     dtype = torch.float32 if stored == "float32" else torch.float16
     qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
     scale = torch.rand(N, K // 32, generator=g).to(dtype)
@@ -447,6 +449,13 @@ def test_packed_ops_pass_opcheck():
         (x, q8, scale, None, "int8"),
     ):
         torch.library.opcheck(kernels.packed_mm, args)
+    for x_pair in (x[:1], x):  # one row: one kernel call; three: the two products
+        torch.library.opcheck(
+            kernels.packed_mm_pair, (x_pair, qs, scale, scale, qs[:5], scale[:5], None, "int4")
+        )
+        torch.library.opcheck(
+            kernels.packed_mm_pair, (x_pair, q8, scale, None, q8[3:], scale[3:], None, "int8")
+        )
     torch.library.opcheck(kernels.packed_take, (qs, scale, None, index, "int4", K))
     torch.library.opcheck(kernels.packed_take, (q8, scale, None, index, "int8", K))
 
@@ -481,3 +490,42 @@ def test_packed_model_is_frozen_and_records_no_graph(smollm2, smollm2_plain):
     x = smollm2.tok(ids).detach().requires_grad_(True)
     smollm2.layers[0].ffn.down(smollm2.layers[0].ffn.up(x)).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("form", ["int4", "int8"])
+def test_gate_and_up_in_one_call_equal_two_calls(form):
+    """SwiGLU's packed gate and up are read with one kernel call at one row of activations
+    (linear_pair): the values equal the two separate products bit for bit, with or without a
+    module hook (a hook makes the block call the two modules), and against float64."""
+    g = torch.Generator().manual_seed(5)
+    K = 96
+
+    def packed(N: int, K: int) -> PackedRows:
+        scale = torch.rand(N, K // 32, generator=g).half()
+        if form == "int8":
+            q8 = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+            return PackedRows("int8", (N, K), q8, scale)
+        qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+        return PackedRows("int4", (N, K), qs, scale, torch.randn(N, K // 32, generator=g).half())
+
+    x = torch.randn(1, 1, K, generator=g)
+    first, second = QuantizedLinear(packed(43, K)), QuantizedLinear(packed(37, K))  # 4 n + 3, + 1
+    a, b = multihead.modules.quantized.linear_pair(first, second, x)
+    assert torch.equal(a, first(x)) and torch.equal(b, second(x))
+    assert a.shape == (1, 1, 43) and b.shape == (1, 1, 37)
+    mlp = multihead.modules.feedforward.SwiGLU(K, 64)
+    mlp.gate, mlp.up = QuantizedLinear(packed(64, K)), QuantizedLinear(packed(64, K))
+    mlp.down = QuantizedLinear(packed(K, 64))
+    fused = mlp(x)
+    seen = []
+    handle = mlp.up.register_forward_hook(lambda m, i, o: seen.append(o))
+    try:
+        hooked = mlp(x)
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and torch.equal(fused, hooked)
+    w = {n: getattr(mlp, n).weight.double() for n in ("gate", "up", "down")}
+    x64 = x.double()
+    expected = (torch.nn.functional.silu(x64 @ w["gate"].t()) * (x64 @ w["up"].t())) @ w["down"].t()
+    atol = 1e-6 * float(expected.abs().max())  # float32 sums
+    torch.testing.assert_close(fused.double(), expected, rtol=1e-4, atol=atol)

@@ -7,6 +7,7 @@ from .linear import (
     QuantizedEmbedding,
     QuantizedLinear,
     is_quantized,
+    linear_pair,
     weight_like,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "QuantizedLinear",
     "is_quantized",
     "kernels_available",
+    "linear_pair",
     "weight_like",
 ]

@@ -35,6 +35,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import weakref
 from functools import cache
 from pathlib import Path
 
@@ -88,26 +89,45 @@ static inline void mh_halves(const uint16_t *h, long n, float *out) {
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
+#if MH_ISA == 512 && defined(__AVX512BW__) && defined(__AVX512VL__)
+    if (i < n) { /* the last 1..15: a masked load, no scalar tail */
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, h + i)));
+        return;
+    }
+#endif
     for (; i < n; i++) out[i] = mh_h2f(h[i]);
 }
 
-/* row n's G scales (and zeros) as float32 into sf (zf): `half` says the stored dtype is
-   float16; zero NULL means Q4_0's implicit zero, -8 scale */
-static inline void mh_row_scales(const void *scale, const void *zero, int half, long n, long G,
-                                 float *sf, float *zf) {
+/* rows n..n+R-1's G scales (and zeros) as float32 into sf (zf), R * G values each (the rows
+   are contiguous in the (N, G) arrays, so a block converts in one pass): `half` says the
+   stored dtype is float16; zero NULL means Q4_0's implicit zero, -8 scale */
+static inline void mh_block_scales(const void *scale, const void *zero, int half, long n, long G,
+                                   long R, float *sf, float *zf) {
     if (half) {
-        mh_halves((const uint16_t *)scale + n * G, G, sf);
+        mh_halves((const uint16_t *)scale + n * G, G * R, sf);
     } else {
-        memcpy(sf, (const float *)scale + n * G, G * sizeof(float));
+        memcpy(sf, (const float *)scale + n * G, G * R * sizeof(float));
     }
     if (!zf) return;
     if (!zero) {
-        for (long g = 0; g < G; g++) zf[g] = -8.0f * sf[g];
+        for (long g = 0; g < G * R; g++) zf[g] = -8.0f * sf[g];
     } else if (half) {
-        mh_halves((const uint16_t *)zero + n * G, G, zf);
+        mh_halves((const uint16_t *)zero + n * G, G * R, zf);
     } else {
-        memcpy(zf, (const float *)zero + n * G, G * sizeof(float));
+        memcpy(zf, (const float *)zero + n * G, G * R * sizeof(float));
     }
+}
+
+/* row n's G scales (and zeros), as mh_block_scales with R = 1 */
+static inline void mh_row_scales(const void *scale, const void *zero, int half, long n, long G,
+                                 float *sf, float *zf) {
+    mh_block_scales(scale, zero, half, n, G, 1, sf, zf);
+}
+
+/* software prefetch of `bytes` from p (rows ahead of the ones computed: see mh_m1_block) */
+static inline void mh_prefetch(const void *p, long bytes) {
+    for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
 
 #if MH_ISA == 512
@@ -130,12 +150,120 @@ static inline float mh_hsum(__m256 v) {
 }
 #endif
 
+#if MH_ISA == 512
+#define MH_BLOCK 4 /* output rows per iteration of the one-row path */
+#define MH_AHEAD 2 /* blocks between the one computed and the one prefetched */
+/* y[0..R) = R weight rows (from qn, K/2 bytes each; scales sf and zeros zf, G per row) times
+   the one activation row x. Per group of 32, the 16 values s q + z (q = 0..15) form a table
+   that vpermps indexes with the nibbles (it reads the low 4 bits of each index): the weights
+   come out dequantised, as the dequantiser makes them, with no int -> float conversion. R rows
+   at once share the loads of x and give 2 R independent accumulation chains. */
+static inline __attribute__((always_inline)) void mh_int4_m1(
+        const float *x, const uint8_t *qn, const float *sf, const float *zf, long G, long K,
+        const int R, float *y) {
+    __m512 a[MH_BLOCK][2];
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (long g = 0; g < G; g++) {
+        const float *xg = x + g * 32;
+        const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+        for (int r = 0; r < R; r++) {
+            __m512i v = _mm512_cvtepu8_epi32(MH_LOAD16(qn + r * (K / 2) + g * 16));
+            __m512 t = mh_table(sf[r * G + g], zf[r * G + g]);
+            a[r][0] = _mm512_fmadd_ps(x0, mh_lut(v, t), a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(x1, mh_lut(_mm512_srli_epi32(v, 4), t), a[r][1]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = mh_hsum(_mm512_add_ps(a[r][0], a[r][1]));
+}
+/* y[0..R) = R int8 weight rows (from qn, K bytes each; scales sf, G per row) times the one
+   activation row x */
+static inline __attribute__((always_inline)) void mh_int8_m1(
+        const float *x, const int8_t *qn, const float *sf, long G, long K, const int R,
+        float *y) {
+    __m512 a[MH_BLOCK];
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
+    for (long g = 0; g < G; g++) {
+        const float *xg = x + g * 32;
+        const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+        for (int r = 0; r < R; r++) {
+            const int8_t *b = qn + r * K + g * 32;
+            __m512 t = _mm512_mul_ps(x0, mh_i8f(MH_LOAD16(b)));
+            t = _mm512_fmadd_ps(x1, mh_i8f(MH_LOAD16(b + 16)), t);
+            a[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(sf[r * G + g]), a[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = mh_hsum(a[r]);
+}
+
+/* rows n .. n + MH_BLOCK (or to N) of one matrix (int4 or int8) times the one row x, into
+   y[n..). The block MH_AHEAD blocks on is prefetched: with the weights in DRAM (a model's
+   layers, one after another) that took a 1536 x 576 Q4_1 product from ~90 to ~60 us (one
+   thread); the hardware prefetcher alone left the loop waiting on memory. */
+static inline void mh_m1_block(int int4, const float *x, const void *qs, const void *scale,
+                               const void *zero, int half, long n, long N, long K, float *sf,
+                               float *zf, float *y) {
+    const long G = K / 32, R = N - n < MH_BLOCK ? N - n : MH_BLOCK;
+    const long row = int4 ? K / 2 : K, srow = G * (half ? 2 : 4);
+    if (n + (MH_AHEAD + 1) * MH_BLOCK <= N) { /* software prefetch MH_AHEAD blocks ahead */
+        const long ahead = n + MH_AHEAD * MH_BLOCK;
+        mh_prefetch((const char *)qs + ahead * row, MH_BLOCK * row);
+        mh_prefetch((const char *)scale + ahead * srow, MH_BLOCK * srow);
+        if (zero) mh_prefetch((const char *)zero + ahead * srow, MH_BLOCK * srow);
+    }
+    if (int4) {
+        const uint8_t *q = (const uint8_t *)qs + n * (K / 2);
+        mh_block_scales(scale, zero, half, n, G, R, sf, zf);
+        if (R == MH_BLOCK) {
+            mh_int4_m1(x, q, sf, zf, G, K, MH_BLOCK, y + n);
+        } else {
+            for (long r = 0; r < R; r++)
+                mh_int4_m1(x, q + r * (K / 2), sf + r * G, zf + r * G, G, K, 1, y + n + r);
+        }
+    } else {
+        const int8_t *q = (const int8_t *)qs + n * K;
+        mh_block_scales(scale, NULL, half, n, G, R, sf, NULL);
+        if (R == MH_BLOCK) {
+            mh_int8_m1(x, q, sf, G, K, MH_BLOCK, y + n);
+        } else {
+            for (long r = 0; r < R; r++) mh_int8_m1(x, q + r * K, sf + r * G, G, K, 1, y + n + r);
+        }
+    }
+}
+
+/* y (1, NA + NB) = x (1, K) @ [A; B]^T for packed matrices A (NA rows) and B (NB rows, or none:
+   NB = 0) of one form, in one parallel region over blocks of MH_BLOCK rows of both */
+static void mh_m1(int int4, const float *x, const void *qa, const void *sa, const void *za,
+                  long NA, const void *qb, const void *sb, const void *zb, long NB, int half,
+                  float *y, long K, int threads) {
+    const long G = K / 32, BA = (NA + MH_BLOCK - 1) / MH_BLOCK;
+    const long blocks = BA + (NB + MH_BLOCK - 1) / MH_BLOCK;
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *sf = (float *)malloc(sizeof(float) * 2 * MH_BLOCK * G), *zf = sf + MH_BLOCK * G;
+        #pragma omp for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            if (b < BA)
+                mh_m1_block(int4, x, qa, sa, za, half, b * MH_BLOCK, NA, K, sf, zf, y);
+            else
+                mh_m1_block(int4, x, qb, sb, zb, half, (b - BA) * MH_BLOCK, NB, K, sf, zf, y + NA);
+        }
+        free(sf);
+    }
+}
+#endif
+
 /* y (M, N) = x (M, K) @ w^T, w int4 groups of 32 (see kernels.py); M <= MH_MAX_ROWS (each
    group's weights are decoded once for all rows). Per row: sum_g s_g (x_g . q_g) plus the zero
    term sum_g z_g (sum of x_g). */
 void mh_int4_mm(const float *x, const uint8_t *qs, const void *scale, const void *zero,
                 int half, float *y, long M, long N, long K, int threads) {
     const long G = K / 32;
+#if MH_ISA == 512
+    if (M == 1) { /* decoding: blocks of MH_BLOCK rows (mh_m1, below) */
+        mh_m1(1, x, qs, scale, zero, N, NULL, NULL, NULL, 0, half, y, K, threads);
+        return;
+    }
+#endif
     float *xs = (float *)malloc(sizeof(float) * M * G);
     for (long m = 0; m < (MH_ISA == 512 ? 0 : M); m++)
         for (long g = 0; g < G; g++) {
@@ -143,7 +271,7 @@ void mh_int4_mm(const float *x, const uint8_t *qs, const void *scale, const void
             for (int j = 0; j < 32; j++) t += x[m * K + g * 32 + j];
             xs[m * G + g] = t;
         }
-    #pragma omp parallel num_threads(threads)
+    #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         float *sf = (float *)malloc(sizeof(float) * 2 * G), *zf = sf + G;
         #pragma omp for schedule(static)
@@ -159,36 +287,7 @@ void mh_int4_mm(const float *x, const uint8_t *qs, const void *scale, const void
             }
 #endif
 #if MH_ISA == 512
-            /* per group, the 16 values s q + z (q = 0..15) form a table that vpermps indexes
-               with the nibbles (it reads the low 4 bits of each index): the weights come out
-               dequantised, as the dequantiser makes them, with no int -> float conversion */
-            if (M == 1) {
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                long g = 0;
-                for (; g + 1 < G; g += 2) {
-                    __m512i v0 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
-                    __m512i v1 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16 + 16));
-                    __m512 t0 = mh_table(sf[g], zf[g]);
-                    __m512 t1 = mh_table(sf[g + 1], zf[g + 1]);
-                    const float *xg = x + g * 32;
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), mh_lut(v0, t0), a0);
-                    __m512i h0 = _mm512_srli_epi32(v0, 4);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), mh_lut(h0, t0), a1);
-                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 32), mh_lut(v1, t1), a2);
-                    __m512i h1 = _mm512_srli_epi32(v1, 4);
-                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), mh_lut(h1, t1), a3);
-                }
-                for (; g < G; g++) {
-                    __m512i v0 = _mm512_cvtepu8_epi32(MH_LOAD16(qn + g * 16));
-                    __m512 t0 = mh_table(sf[g], zf[g]);
-                    const float *xg = x + g * 32;
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg), mh_lut(v0, t0), a0);
-                    __m512i h0 = _mm512_srli_epi32(v0, 4);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), mh_lut(h0, t0), a1);
-                }
-                y[n] = mh_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-                continue;
-            }
+            /* M > 1: each group's table and weights, decoded once, serve every row */
             __m512 acc[MH_MAX_ROWS], acc2[MH_MAX_ROWS];
             for (long m = 0; m < M; m++) acc[m] = acc2[m] = _mm512_setzero_ps();
             for (long g = 0; g < G; g++) {
@@ -298,11 +397,19 @@ void mh_int8_rows(const int8_t *qs, const void *scale, int half, float *w, long 
     }
 }
 
-/* y (M, N) = x (M, K) @ w^T, w int8 with a scale per group of 32 (Q8_0); M <= MH_MAX_ROWS */
-void mh_int8_mm(const float *x, const int8_t *qs, const void *scale, int half, float *y,
-                long M, long N, long K, int threads) {
+
+/* y (M, N) = x (M, K) @ w^T, w int8 with a scale per group of 32 (Q8_0); M <= MH_MAX_ROWS.
+   `unused` stands where mh_int4_mm takes its zeros: the two share one signature. */
+void mh_int8_mm(const float *x, const int8_t *qs, const void *scale, const void *unused,
+                int half, float *y, long M, long N, long K, int threads) {
     const long G = K / 32;
-    #pragma omp parallel num_threads(threads)
+#if MH_ISA == 512
+    if (M == 1) { /* decoding (the LM head): blocks of MH_BLOCK rows (mh_m1, below) */
+        mh_m1(0, x, qs, scale, NULL, N, NULL, NULL, NULL, 0, half, y, K, threads);
+        return;
+    }
+#endif
+    #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         float *sf = (float *)malloc(sizeof(float) * G);
         #pragma omp for schedule(static)
@@ -380,6 +487,26 @@ void mh_int8_mm(const float *x, const int8_t *qs, const void *scale, int half, f
         free(sf);
     }
 }
+
+/* y (1, NA + NB) = x (1, K) @ [A; B]^T, A and B packed in one form (int4 = 1: uint8 nibbles,
+   scales, zeros or NULL; int4 = 0: int8 and scales; scales of one dtype): SwiGLU's gate and up
+   read with one call (one parallel region on AVX-512; two products elsewhere). Each output
+   row is computed as mh_int4_mm / mh_int8_mm compute it alone. */
+void mh_pair_mv(int int4, const float *x, const void *qa, const void *sa, const void *za,
+                long NA, const void *qb, const void *sb, const void *zb, long NB, int half,
+                float *y, long K, int threads) {
+#if MH_ISA == 512
+    mh_m1(int4, x, qa, sa, za, NA, qb, sb, zb, NB, half, y, K, threads);
+#else
+    if (int4) {
+        mh_int4_mm(x, (const uint8_t *)qa, sa, za, half, y, 1, NA, K, threads);
+        mh_int4_mm(x, (const uint8_t *)qb, sb, zb, half, y + NA, 1, NB, K, threads);
+    } else {
+        mh_int8_mm(x, (const int8_t *)qa, sa, NULL, half, y, 1, NA, K, threads);
+        mh_int8_mm(x, (const int8_t *)qb, sb, NULL, half, y + NA, 1, NB, K, threads);
+    }
+#endif
+}
 """
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
@@ -420,10 +547,11 @@ def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         return None
     f, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.mh_int4_mm.argtypes = [f, f, f, f, i32, f, i64, i64, i64, i32]
-    lib.mh_int8_mm.argtypes = [f, f, f, i32, f, i64, i64, i64, i32]
+    lib.mh_int8_mm.argtypes = [f, f, f, f, i32, f, i64, i64, i64, i32]
     lib.mh_int4_rows.argtypes = [f, f, f, i32, f, i64, i64, i32]
     lib.mh_int8_rows.argtypes = [f, f, i32, f, i64, i64, i32]
-    lib.mh_int4_mm.restype = lib.mh_int8_mm.restype = None
+    lib.mh_pair_mv.argtypes = [i32, f, f, f, f, i64, f, f, f, i64, i32, f, i64, i32]
+    lib.mh_int4_mm.restype = lib.mh_int8_mm.restype = lib.mh_pair_mv.restype = None
     lib.mh_int4_rows.restype = lib.mh_int8_rows.restype = None
     lib.mh_isa.restype = i32
     return lib
@@ -513,35 +641,51 @@ def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor
     )  # fmt: skip
 
 
+PARALLEL_MIN = 1 << 16  # weights below which one thread does the product (fork-join costs more)
+
+
 def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
-    """The constant arguments of the kernel for a packed matrix (pointers, dtype flag, N, K),
-    for `run_kernel`; None where the kernel cannot read it (no compiler, not on the CPU, a
-    layout it does not know)."""
-    if _library() is None or not _cpu_contiguous(qs, scale, zero):
+    """The constant arguments of the kernel for a packed matrix (the C function, pointers,
+    dtype flag, N, K, whether it is worth two threads), for `run_kernel`; None where the kernel
+    cannot read it (no compiler, not on the CPU, a layout it does not know)."""
+    lib = _library()
+    if lib is None or not _cpu_contiguous(qs, scale, zero):
         return None
     half = scale.dtype == torch.float16
     zp = None if zero is None else zero.data_ptr()
-    if form == "int4":
-        return (True, qs.data_ptr(), scale.data_ptr(), zp, half, qs.shape[0], qs.shape[1] * 2)
-    return (False, qs.data_ptr(), scale.data_ptr(), zp, half, qs.shape[0], qs.shape[1])
-
-
-PARALLEL_MIN = 1 << 16  # weights below which one thread does the product (fork-join costs more)
+    N, K = qs.shape[0], qs.shape[1] * (2 if form == "int4" else 1)
+    fn = lib.mh_int4_mm if form == "int4" else lib.mh_int8_mm
+    return (fn, qs.data_ptr(), scale.data_ptr(), zp, half, N, K, N * K >= PARALLEL_MIN)
 
 
 def run_kernel(x: Tensor, args: tuple) -> Tensor:
     """x (M, K) float32, contiguous, on the CPU, M <= KERNEL_MAX_ROWS -> (M, N): the packed
     product with `kernel_args`'s constants (the per-call work kept to the C call)."""
-    int4, qp, sp, zp, half, N, K = args
+    fn, qp, sp, zp, half, N, K, parallel = args
     M = x.shape[0]
     y = torch.empty(M, N)
-    lib = _library()
-    threads = torch.get_num_threads() if N * K >= PARALLEL_MIN else 1
-    if int4:
-        lib.mh_int4_mm(x.data_ptr(), qp, sp, zp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]
-    else:
-        lib.mh_int8_mm(x.data_ptr(), qp, sp, half, y.data_ptr(), M, N, K, threads)  # type: ignore[union-attr]
+    threads = torch.get_num_threads() if parallel else 1
+    fn(x.data_ptr(), qp, sp, zp, half, y.data_ptr(), M, N, K, threads)
     return y
+
+
+# id(qs tensor) -> (its buffers' addresses, kernel_args); an entry is dropped when its tensor
+# is freed (weakref.finalize), so an id reused by a later tensor never finds a stale one
+_PLANS: dict[int, tuple] = {}
+
+
+def _plan(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
+    """`kernel_args` of a packed matrix, remembered per qs tensor and remade when a buffer's
+    storage changed: the operator torch.compile calls per product then costs little more than
+    the C call (a plain dict read: a weak-keyed dictionary costs ~1 us more per call)."""
+    key = (form, qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr())
+    hit = _PLANS.get(id(qs))
+    if hit is None or hit[0] != key:
+        if hit is None:
+            weakref.finalize(qs, _PLANS.pop, id(qs), None)
+        hit = (key, kernel_args(form, qs, scale, zero))
+        _PLANS[id(qs)] = hit
+    return hit[1]
 
 
 def _rows(t: Tensor | None, a: int, b: int) -> Tensor | None:
@@ -590,6 +734,10 @@ def _packed_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: 
     """x (M, K) float32 @ w^T -> (M, N) float32, w the `form` ("int4" or "int8") packed
     matrix: an opaque operator, so torch.compile (fullgraph) calls the kernel instead of
     tracing into ctypes."""
+    if x.dim() == 2 and x.shape[0] <= KERNEL_MAX_ROWS and x.dtype is torch.float32 and x.is_cpu:
+        args = _plan(form, qs, scale, zero)
+        if args is not None and x.shape[1] == args[6]:
+            return run_kernel(x.contiguous(), args)
     if form == "int4":
         return int4_mm(x, qs, scale, zero)
     return int8_mm(x, qs, scale)
@@ -602,6 +750,66 @@ packed_mm = torch.ops.multihead.packed_mm.default
 @torch.library.register_fake("multihead::packed_mm")
 def _packed_mm_fake(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: str) -> Tensor:
     return x.new_empty(x.shape[0], qs.shape[0])
+
+
+_OPS.define(
+    "packed_mm_pair(Tensor x, Tensor qs, Tensor scale, Tensor? zero, Tensor qs2, Tensor scale2, "
+    "Tensor? zero2, str form) -> Tensor"
+)
+
+
+def _packed_mm_pair(
+    x: Tensor,
+    qs: Tensor,
+    scale: Tensor,
+    zero: Tensor | None,
+    qs2: Tensor,
+    scale2: Tensor,
+    zero2: Tensor | None,
+    form: str,
+) -> Tensor:
+    """x (M, K) float32 @ [A; B]^T -> (M, NA + NB): two packed matrices of one form and width
+    (SwiGLU's gate and up) read with one kernel call when M is 1, each row's value as
+    `packed_mm` gives it; otherwise the two products, concatenated."""
+    if x.dim() == 2 and x.shape[0] == 1 and x.dtype is torch.float32 and x.is_cpu:
+        a, b = _plan(form, qs, scale, zero), _plan(form, qs2, scale2, zero2)
+        if a is not None and b is not None and a[4] == b[4] and x.shape[1] == a[6] == b[6]:
+            return run_pair(x.contiguous(), form == "int4", a, b)
+    return torch.cat(
+        (_packed_mm(x, qs, scale, zero, form), _packed_mm(x, qs2, scale2, zero2, form)), dim=1
+    )
+
+
+def run_pair(x: Tensor, int4: bool, a: tuple, b: tuple) -> Tensor:
+    """x (1, K) float32, contiguous, on the CPU -> (1, NA + NB): `mh_pair_mv` with the plans
+    of two matrices of one form (int4 or int8; same dtype flag and K)."""
+    lib = _library()
+    assert lib is not None
+    y = torch.empty(1, a[5] + b[5])
+    threads = torch.get_num_threads() if a[7] or b[7] else 1
+    lib.mh_pair_mv(
+        int4, x.data_ptr(), a[1], a[2], a[3], a[5], b[1], b[2], b[3], b[5],
+        a[4], y.data_ptr(), a[6], threads,
+    )  # fmt: skip
+    return y
+
+
+_OPS.impl("packed_mm_pair", _packed_mm_pair, "CompositeExplicitAutograd")
+packed_mm_pair = torch.ops.multihead.packed_mm_pair.default
+
+
+@torch.library.register_fake("multihead::packed_mm_pair")
+def _packed_mm_pair_fake(
+    x: Tensor,
+    qs: Tensor,
+    scale: Tensor,
+    zero: Tensor | None,
+    qs2: Tensor,
+    scale2: Tensor,
+    zero2: Tensor | None,
+    form: str,
+) -> Tensor:
+    return x.new_empty(x.shape[0], qs.shape[0] + qs2.shape[0])
 
 
 @torch.library.custom_op("multihead::packed_take", mutates_args=())

@@ -25,19 +25,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 
 from .kernels import (
     SCALE_DTYPES,
     _kernel_reads,
+    _plan,
     _tiled,
     dequantize_int4,
     dequantize_int8,
     int4_mm,
     int8_mm,
-    kernel_args,
     packed_mm,
+    packed_mm_pair,
     packed_take,
     run_kernel,
+    run_pair,
     tiled_transposed,
 )
 
@@ -125,17 +128,13 @@ class PackedRows(nn.Module):
         return self._matmul(x)
 
     def _kernel_args(self) -> tuple | None:
-        """The kernel's constants for these buffers, remade when a buffer moved (`.to()`,
-        `load_state_dict`): plain ints, so the module still pickles and deep-copies."""
+        """The kernel's constants for these buffers (`kernels._plan`: kept beside the qs tensor,
+        not on the module, so the module still pickles and deep-copies; remade when a buffer
+        moved: `.to()`, `load_state_dict`)."""
         b = self._buffers
         qs, scale, zero = b["qs"], b["scale"], b["zero"]
         assert qs is not None and scale is not None
-        key = (qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr())
-        cached = self.__dict__.get("_kernel")
-        if cached is None or cached[0] != key:
-            cached = (key, kernel_args(self.form, qs, scale, zero))
-            self.__dict__["_kernel"] = cached
-        return cached[1]
+        return _plan(self.form, qs, scale, zero)
 
     def _matmul(self, x: Tensor) -> Tensor:
         if self.form != "blocks" and x.device.type == "cpu" and torch.compiler.is_compiling():
@@ -242,6 +241,60 @@ class QuantizedEmbedding(nn.Module):
         # out-of-range ids: the same IndexError an nn.Embedding raises
         F.embedding(ids, torch.empty(self.num_embeddings, 0, device=ids.device))
         return self.packed.take(ids)  # (...) -> (..., C)
+
+
+def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """`(first(x), second(x))` for two projections of one input (SwiGLU's gate and up). When
+    both are packed in one form, without bias, hooks or a replaced forward, and x is one row
+    of float32 activations (a decoding step) that needs no gradient, both products are one
+    kernel call (values as the two calls give them); otherwise the two modules are called."""
+    if (
+        type(first) is QuantizedLinear
+        and type(second) is QuantizedLinear
+        and x.dtype is torch.float32
+        and x.is_cpu
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and first.bias is None
+        and second.bias is None
+        and _no_hooks(first)
+        and _no_hooks(second)
+    ):
+        a: PackedRows = first._modules["packed"]  # type: ignore[assignment]
+        b: PackedRows = second._modules["packed"]  # type: ignore[assignment]
+        shape = x.shape
+        if (
+            a.form == b.form
+            and a.form != "blocks"
+            and shape[-1] == a.shape[1] == b.shape[1]
+            and x.numel() == shape[-1]  # one row
+        ):
+            # (..., K) -> (1, K) -> (1, NA + NB) -> two (..., N)
+            y = _pair_matmul(a, b, x.reshape(1, shape[-1]))
+            if y is not None:
+                u, v = y.split((a.shape[0], b.shape[0]), dim=1)
+                return u.view(*shape[:-1], a.shape[0]), v.view(*shape[:-1], b.shape[0])
+    return first(x), second(x)
+
+
+def _pair_matmul(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
+    if torch.compiler.is_compiling():
+        return packed_mm_pair(x, a.qs, a.scale, a.zero, b.qs, b.scale, b.zero, a.form)
+    pa, pb = a._kernel_args(), b._kernel_args()
+    if pa is None or pb is None or pa[4] != pb[4]:
+        return None
+    return run_pair(x.contiguous(), a.form == "int4", pa, pb)
+
+
+def _no_hooks(layer: nn.Module) -> bool:
+    """No forward hooks (its own or global) and no forward set on the instance: calling the
+    module is exactly its forward."""
+    return (
+        not layer._forward_hooks
+        and not layer._forward_pre_hooks
+        and "forward" not in layer.__dict__
+        and not _module._global_forward_hooks
+        and not _module._global_forward_pre_hooks
+    )
 
 
 def weight_like(layer: nn.Module) -> Tensor:
