@@ -25,7 +25,7 @@ last tile instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
 
 import torch
 from torch import Tensor
@@ -155,6 +155,48 @@ def mod_mask(
     return _checked(result, (batch, heads, q1 - q0, k1 - k0), device)
 
 
+CACHE_ELEMENTS = 2**25  # a call's partial tiles kept from classification (32 MB of booleans)
+
+
+class TileClassifier:
+    """(q0, q1, k0, k1) -> NONE / PARTIAL / FULL of one tile, for `tile_plan.plan_tiles`; the
+    partial tiles' evaluations are kept in `masks` (keyed by (q0, q1, k0, k1), up to
+    CACHE_ELEMENTS booleans in all) for the call's forward and backward to use instead of
+    evaluating them again. One per call: it lives on the call's plan, never beyond it.
+
+    Reading the evaluated tile (any / all) decides the plan on the host: only where that is
+    free (`readable`: eager mode, CPU; see `value_checks.may_read`). Elsewhere every tile is
+    PARTIAL without evaluating here: correct (the tile's mask is evaluated when it runs), and
+    no host synchronisation or data-dependent branch."""
+
+    def __init__(self, mask_mod, batch, heads, tq, tk, device, readable: bool):
+        self.args = (mask_mod, batch, heads)
+        self.shape = (tq, tk, device)
+        self.readable = readable
+        self.masks: dict[tuple[int, int, int, int], Tensor] = {}
+        self._kept = 0
+        self._lock = threading.Lock()  # (the plan's rows may be classified on several threads)
+
+    def __call__(self, q0: int, q1: int, k0: int, k1: int) -> int:
+        if not self.readable:
+            return PARTIAL
+        tile = mod_mask(*self.args, q0, q1, k0, k1, *self.shape)
+        if not may_read(tile):
+            return PARTIAL
+        # one reduction and one read (measured: 5 us for a 128 x 128 tile, any() and all()
+        # read apart 26 us); the broadcast result holds the same values as the expanded one
+        allowed = int(torch.count_nonzero(tile))
+        if allowed == tile.numel():
+            return FULL
+        if not allowed:
+            return NONE
+        with self._lock:
+            if self._kept + tile.numel() <= CACHE_ELEMENTS:
+                self.masks[(q0, q1, k0, k1)] = tile
+                self._kept += tile.numel()
+        return PARTIAL
+
+
 def tile_classifier(
     mask_mod: MaskMod,
     batch: int,
@@ -163,23 +205,6 @@ def tile_classifier(
     tk: int,
     device: torch.device,
     readable: bool,
-) -> Callable[[int, int, int, int], int]:
-    """(q0, q1, k0, k1) -> NONE / PARTIAL / FULL of one tile, for `tile_plan.plan_tiles`.
-
-    Reading the evaluated tile (any / all) decides the plan on the host: only where that is
-    free (`readable`: eager mode, CPU; see `value_checks.may_read`). Elsewhere every tile is
-    PARTIAL without evaluating here: correct (the tile's mask is evaluated when it runs), and
-    no host synchronisation or data-dependent branch."""
-    if not readable:
-        return lambda q0, q1, k0, k1: PARTIAL
-
-    def kind(q0: int, q1: int, k0: int, k1: int) -> int:
-        tile = mod_mask(mask_mod, batch, heads, q0, q1, k0, k1, tq, tk, device)
-        if not may_read(tile):
-            return PARTIAL
-        # one reduction and one read (measured: 5 us for a 128 x 128 tile, any() and all()
-        # read apart 26 us); the broadcast result holds the same values as the expanded one
-        allowed = int(torch.count_nonzero(tile))
-        return FULL if allowed == tile.numel() else PARTIAL if allowed else NONE
-
-    return kind
+) -> TileClassifier:
+    """The call's `TileClassifier` (see there)."""
+    return TileClassifier(mask_mod, batch, heads, tq, tk, device, readable)

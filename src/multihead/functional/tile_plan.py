@@ -82,11 +82,13 @@ def plan_tiles(
     tk: int,
     block: int | tuple[int, int],
     kind: Callable[[int, int, int, int], int] | None = None,
+    blocks: range | None = None,
 ) -> list[list[Tile]]:
     """Per query block, the key spans it must visit (an empty list: the rows attend to nothing).
 
     `block`: rows and keys per tile (an int: square). `kind(q0, q1, k0, k1)` -> NONE / PARTIAL
-    / FULL: a further rule on each tile the structure lets through (a mask_mod's)."""
+    / FULL: a further rule on each tile the structure lets through (a mask_mod's). `blocks`:
+    plan only these query blocks (their rows, in order; default all)."""
     bq, bk = (block, block) if isinstance(block, int) else block
     s = structure if structure is not None else Structure()
     offset = tk - tq
@@ -96,7 +98,8 @@ def plan_tiles(
     docs = None if s.documents is None else _document_map(s.documents, offset, tq, tk, bq, bk)
     cap = max(bk, (SPAN_ELEMENTS // max(batch * heads * bq, 1)) // bk * bk)
     rows: list[list[Tile]] = []
-    for qi, q0 in enumerate(range(0, tq, bq)):
+    for qi in range(-(-tq // bq)) if blocks is None else blocks:
+        q0 = qi * bq
         q1 = min(q0 + bq, tq)
         p0, p1 = q0 + offset, q1 - 1 + offset  # first and last query positions
         kinds = []
