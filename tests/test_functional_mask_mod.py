@@ -13,6 +13,7 @@ from helpers_spies import count_calls
 from helpers_structure import B, H, grads, qkv
 from multihead import CausalLM, LMConfig, MultiHeadAttention, attention
 from multihead.functional import explain, masks
+from multihead.functional import mask_mod as mask_mod_module
 from multihead.functional.backends import tile_spans
 from multihead.functional.backends import tiled as tiled_backend
 from multihead.functional.backends.tile_band import band_plan
@@ -190,7 +191,7 @@ def recording(fn, shapes):
     return mask_mod
 
 
-def test_tiled_skips_all_false_tiles_and_evaluates_tile_by_tile(spy):
+def test_tiled_skips_all_false_tiles_and_evaluates_block_by_block(spy):
     # Block-diagonal 8 x 8 blocks, causal inside, on 4 x 4 tiles: of the 6 x 6 tiles, 6 are
     # partial (the diagonal: triangles), 3 full (below it, inside a block) and 27 all False.
     # A row visits its partial tile and, in odd rows, one full tile: each row is one span
@@ -202,10 +203,24 @@ def test_tiled_skips_all_false_tiles_and_evaluates_tile_by_tile(spy):
     ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
     check(out, ref, (q, k, v))
     assert spy == {"forward": 0, "backward": 0, "span forward": 6, "span backward": 6}
-    assert shapes and all(rows <= BLOCK and keys <= BLOCK for rows, keys in shapes)
-    # classified once each (36); the partial tiles' evaluations are kept on the call's plan
-    # for its forward and backward (never evaluated again)
-    assert len(shapes) == 36
+    # classified one query block at a time (its 6 tiles in one evaluation); the partial
+    # tiles' evaluations are kept on the call's plan for its forward and backward (never
+    # evaluated again)
+    assert shapes == [(BLOCK, T)] * 6
+
+
+def test_classification_evaluates_at_most_a_strip_of_pairs(monkeypatch):
+    # the cap on one evaluation (2 tiles' pairs here), and a function that ignores kv_idx
+    # (its result broadcasts over the keys) or q_idx
+    monkeypatch.setattr(mask_mod_module, "STRIP_ELEMENTS", 2 * BLOCK * BLOCK)
+    for fn in (lambda b, h, q, k: q % 3 != 0, lambda b, h, q, k: k % 5 != 1):
+        shapes: list[tuple[int, int]] = []
+        q, k, v = qkv(T, T)
+        out = attention(q, k, v, mask_mod=recording(fn, shapes), block_size=BLOCK,
+                        backend="tiled")  # fmt: skip
+        ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
+        check(out, ref, (q, k, v))
+        assert len(shapes) == 18  # 6 blocks x 3 evaluations of 2 tiles
 
 
 @pytest.mark.parametrize("hkv", [H, 1])
@@ -248,7 +263,8 @@ def test_structure_skips_tiles_before_mask_mod_is_evaluated(spy):
     out = attention(q, k, v, causal=True, window=5, mask_mod=always, block_size=BLOCK,
                     backend="tiled")  # fmt: skip
     check(out, attention(q, k, v, causal=True, window=5, backend="eager"), (q, k, v))
-    assert len(shapes) == 11  # classified, all full: not evaluated again when they run
+    # classified one query block at a time (1, then 2 tiles), all full: not evaluated again
+    assert sorted(shapes) == [(BLOCK, BLOCK)] + [(BLOCK, 2 * BLOCK)] * 5  # (any thread order)
 
 
 def test_where_reading_is_not_free_every_tile_is_partial(spy, monkeypatch):

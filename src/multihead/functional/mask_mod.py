@@ -156,6 +156,7 @@ def mod_mask(
 
 
 CACHE_ELEMENTS = 2**25  # a call's partial tiles kept from classification (32 MB of booleans)
+STRIP_ELEMENTS = 2**20  # pairs per evaluation when classifying a query block's tiles
 
 
 class TileClassifier:
@@ -177,6 +178,54 @@ class TileClassifier:
         self._kept = 0
         self._lock = threading.Lock()  # (the plan's rows may be classified on several threads)
 
+    def row(self, q0: int, q1: int, keys: list[tuple[int, int]]) -> list[int]:
+        """The kinds of one query block's tiles (keys: their (k0, k1), in order): the
+        function evaluated once per contiguous stretch of them (at most STRIP_ELEMENTS
+        pairs a call), each tile's count read from its columns' (one read per stretch)."""
+        if not self.readable:
+            return [PARTIAL] * len(keys)
+        rows = q1 - q0
+        kinds: list[int] = []
+        i = 0
+        while i < len(keys):
+            j = i + 1  # the stretch: tiles i..j-1, contiguous, within the size cap
+            while (
+                j < len(keys)
+                and keys[j][0] == keys[j - 1][1]
+                and rows * (keys[j][1] - keys[i][0]) <= STRIP_ELEMENTS
+            ):
+                j += 1
+            kinds.extend(self._stretch(q0, q1, keys[i:j]))
+            i = j
+        return kinds
+
+    def _stretch(self, q0: int, q1: int, keys: list[tuple[int, int]]) -> list[int]:
+        a, b = keys[0][0], keys[-1][1]
+        strip = mod_mask(*self.args, q0, q1, a, b, *self.shape)  # (B or 1, H or 1, rows, b - a)
+        if not may_read(strip):
+            return [PARTIAL] * len(keys)
+        strip = strip.expand(*strip.shape[:3], b - a)  # (a result that ignores kv_idx: 1 key)
+        per_key = strip.sum(dim=(0, 1, 2), dtype=torch.long).cumsum(0)  # allowed up to a key
+        ends = per_key[torch.tensor([k1 - a - 1 for _, k1 in keys])].tolist()
+        per_key_pairs = strip.shape[0] * strip.shape[1] * strip.shape[2]
+        kinds, before = [], 0
+        for (k0, k1), end in zip(keys, ends, strict=True):
+            allowed, before = end - before, end
+            if allowed == per_key_pairs * (k1 - k0):
+                kinds.append(FULL)
+            elif not allowed:
+                kinds.append(NONE)
+            else:
+                kinds.append(PARTIAL)
+                self._keep((q0, q1, k0, k1), strip[..., k0 - a : k1 - a].clone())
+        return kinds
+
+    def _keep(self, key: tuple[int, int, int, int], tile: Tensor) -> None:
+        with self._lock:
+            if self._kept + tile.numel() <= CACHE_ELEMENTS:
+                self.masks[key] = tile
+                self._kept += tile.numel()
+
     def __call__(self, q0: int, q1: int, k0: int, k1: int) -> int:
         if not self.readable:
             return PARTIAL
@@ -190,10 +239,7 @@ class TileClassifier:
             return FULL
         if not allowed:
             return NONE
-        with self._lock:
-            if self._kept + tile.numel() <= CACHE_ELEMENTS:
-                self.masks[(q0, q1, k0, k1)] = tile
-                self._kept += tile.numel()
+        self._keep((q0, q1, k0, k1), tile)
         return PARTIAL
 
 

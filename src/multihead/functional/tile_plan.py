@@ -129,9 +129,6 @@ def plan_tiles(
                 none = none or docs[qi][ki] == NONE
             if none:
                 continue
-            extra = FULL if kind is None else kind(q0, q1, k0, k1)
-            if extra == NONE:
-                continue
             # Square on the positions, and everything but causality allows every pair:
             diagonal = causal and not full and k0 == p0 and k1 - 1 == p1 and prefix is None
             if diagonal and s.window is not None:
@@ -140,10 +137,25 @@ def plan_tiles(
                 diagonal = docs[qi][ki] == FULL
             elif diagonal and s.documents is not None:
                 diagonal = False
-            mod = extra == PARTIAL
-            kinds.append(Tile(q0, q1, k0, k1, full and not mod, diagonal and not mod, mod))
+            kinds.append(Tile(q0, q1, k0, k1, full, diagonal))
+        if kind is not None:
+            kinds = _apply(kind, q0, q1, kinds)
         rows.append(_merge(kinds, cap))
     return rows
+
+
+def _apply(kind, q0: int, q1: int, tiles: list[Tile]) -> list[Tile]:
+    """The structure's tiles of one query block after the further rule: NONE dropped, PARTIAL
+    marked `mod` (neither full nor diagonal then). A rule with a `row` method classifies
+    the block's tiles in one go (`kind.row(q0, q1, [(k0, k1), ..])` -> kinds)."""
+    keys = [(t.k0, t.k1) for t in tiles]
+    row = getattr(kind, "row", None)
+    extras = row(q0, q1, keys) if row is not None else [kind(q0, q1, *k) for k in keys]
+    return [
+        t._replace(full=False, diagonal=False, mod=True) if extra == PARTIAL else t
+        for t, extra in zip(tiles, extras, strict=True)
+        if extra != NONE
+    ]
 
 
 def _merge(tiles: list[Tile], cap: int) -> list[Tile]:

@@ -97,10 +97,10 @@ class SpanCache:
     (per call: it lives on the call's setup, shared by the units' threads)."""
 
     def __init__(self) -> None:
-        self._masks: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+        self._masks: dict[tuple[int, int], SpanMask] = {}
         self._lock = threading.Lock()
 
-    def get(self, run: Run, build) -> tuple[Tensor, Tensor]:
+    def get(self, run: Run, build) -> SpanMask:
         key = (run.first, run.count)
         with self._lock:
             found = self._masks.get(key)
@@ -111,10 +111,18 @@ class SpanCache:
         return found
 
 
-def assemble(run: Run, rows_tiles: list[list[Tile]], tile_allowed) -> Tensor:
-    """(n, B or 1, H or 1, rows, width) booleans of a run: each block's tiles placed in its
-    span. `tile_allowed(tile)` -> the tile's allowed pairs (broadcastable 4-D booleans), None
-    for every pair, or "diagonal" (causality alone, on square positions)."""
+class SpanMask(NamedTuple):
+    """A run's mask, as its forward and backward read it."""
+
+    additive: Tensor  # (n, B or 1, H or 1, rows, width): 0 where allowed, -inf elsewhere
+    alive: Tensor  # (n, B or 1, H or 1, rows): rows with an allowed key
+    parts: list[tuple[slice, int, int]] | None  # the forward's sub-blocks (`_sub_spans`)
+
+
+def assemble(run: Run, rows_tiles: list[list[Tile]], tile_allowed, dtype) -> SpanMask:
+    """The mask of a run: each block's tiles placed in its span. `tile_allowed(tile)` -> the
+    tile's allowed pairs (broadcastable 4-D booleans), None for every pair, or "diagonal"
+    (causality alone, on square positions)."""
     parts: list[list[tuple[int, int, Tensor | str]]] = []
     bm = hm = 1
     for m, tiles in enumerate(rows_tiles):
@@ -140,11 +148,8 @@ def assemble(run: Run, rows_tiles: list[list[Tile]], tile_allowed) -> Tensor:
                 dst &= tril
             else:
                 dst &= a
-    return allowed
-
-
-def _additive(allowed: Tensor, dtype) -> Tensor:
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, NEG_INF)
+    additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, NEG_INF)
+    return SpanMask(additive, allowed.any(dim=-1), _sub_spans(run, allowed))
 
 
 def _blocks(x: Tensor, run: Run) -> Tensor:
@@ -159,11 +164,6 @@ def _spans(x: Tensor, run: Run) -> Tensor:
     overlapping views of x."""
     stretch = x[:, run.start : run.start + (run.count - 1) * run.rows + run.width]
     return stretch.unfold(1, run.width, run.rows).permute(1, 0, 3, 2)  # (Hkv, n, D, w) ->
-
-
-def _mask_of(allowed: Tensor, i: int, dtype) -> Tensor:
-    """Batch element i's additive mask (n, H or 1, b, w) from (n, B or 1, H or 1, b, w)."""
-    return _additive(allowed[:, i if allowed.shape[1] > 1 else 0], dtype)
 
 
 FORWARD_ROWS = 32  # the forward's sub-blocks (see `run_forward`)
@@ -189,16 +189,15 @@ def _sub_spans(run: Run, allowed: Tensor) -> list[tuple[slice, int, int]] | None
     return parts if 7 * pairs * sub < 6 * run.rows * run.width else None
 
 
-def run_forward(run: Run, allowed: Tensor, q, k, v, scale: float, out, lse) -> None:
+def run_forward(run: Run, mask: SpanMask, q, k, v, scale: float, out, lse) -> None:
     """Write out and lse of the run's rows (all batch elements): one kernel call each, or one
     per sub-block of FORWARD_ROWS rows over the keys it sees (the kernel's cost follows the
     keys of a call: a window of 256 over spans of 384 keys computes 288 per row then, as
     tile_band's forward does). A row with no allowed key gets out 0 (the kernel's) and lse
     -inf."""
-    alive = allowed.any(dim=-1)  # (n, B or 1, H or 1, b)
-    parts = _sub_spans(run, allowed) or [(slice(0, run.rows), 0, run.width)]
+    parts = mask.parts or [(slice(0, run.rows), 0, run.width)]
     for i in range(q.shape[0]):
-        bi = i if allowed.shape[1] > 1 else 0
+        bi = i if mask.alive.shape[1] > 1 else 0
         q_b, o_b, l_b = (_blocks(x[i], run) for x in (q, out, lse))  # (n, H, b, ..) views
         for rows, c0, c1 in parts:
             if c0 == c1:  # no row here sees a key
@@ -206,16 +205,15 @@ def run_forward(run: Run, allowed: Tensor, q, k, v, scale: float, out, lse) -> N
                 l_b[:, :, rows] = NEG_INF
                 continue
             sub = run._replace(start=run.start + c0, width=c1 - c0)
-            mask = _additive(allowed[:, bi, :, rows, c0:c1], q.dtype)  # (n, H or 1, rows, w')
             o, l = flash_forward(
                 q_b[:, :, rows],
                 _spans(k[i], sub),
                 _spans(v[i], sub),
-                attn_mask=mask,
+                attn_mask=mask.additive[:, bi, :, rows, c0:c1],
                 scale=scale,
-            )  # fmt: skip  (o (n, H, rows, Dv), l (n, H, rows))
+            )  # fmt: skip  (o (n, H, rows, Dv), l (n, H, rows); the mask (n, H or 1, rows, w'))
             o_b[:, :, rows] = o
-            l_b[:, :, rows] = torch.where(alive[:, bi, :, rows], l, NEG_INF)
+            l_b[:, :, rows] = torch.where(mask.alive[:, bi, :, rows], l, NEG_INF)
 
 
 def _add_spans(grad: Tensor, band: Tensor, run: Run, j0: int) -> None:
@@ -235,14 +233,14 @@ def _add_spans(grad: Tensor, band: Tensor, run: Run, j0: int) -> None:
         dst += band[:, :, j : j + cols]
 
 
-def run_backward(run: Run, allowed: Tensor, q, k, v, grad_out, out, lse, scale, dq, dk, dv):
+def run_backward(run: Run, mask: SpanMask, q, k, v, grad_out, out, lse, scale, dq, dk, dv):
     """The run's rows' dq written (whole: every key they see is in their spans), their share
     of dk and dv added (the spans overlap). Chunks of blocks keep the span-sized key gradients
     a few MB."""
     H, Hkv, D = q.shape[1], k.shape[1], q.shape[3]
     per_call = max(1, CHUNK_ELEMENTS // (Hkv * run.width * D))
     for i in range(q.shape[0]):
-        mask = _mask_of(allowed, i, q.dtype)
+        m_i = mask.additive[:, i if mask.additive.shape[1] > 1 else 0]  # (n, H or 1, b, w)
         l_all = _blocks(lse[i], run).to(q.dtype)
         l_all = torch.where(l_all == NEG_INF, 0.0, l_all)  # rows with no key: all scores -inf
         bands = [_blocks(x[i], run) for x in (grad_out, q, out)]
@@ -253,7 +251,7 @@ def run_backward(run: Run, allowed: Tensor, q, k, v, grad_out, out, lse, scale, 
             g, q_b, o = (x[c] for x in bands)
             dq_t, dk_t, dv_t = flash_backward(
                 g, q_b, keys[0][c], keys[1][c], o, l_all[c], 0.0, False,
-                attn_mask=mask[c], scale=scale,
+                attn_mask=m_i[c], scale=scale,
             )  # fmt: skip
             r0 = (run.first + j0) * run.rows
             dq[i, :, r0 : r0 + (j1 - j0) * run.rows] = dq_t.transpose(0, 1).reshape(H, -1, D)

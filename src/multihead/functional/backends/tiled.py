@@ -37,7 +37,16 @@ from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
 from .tile_segments import segment_plan, segments_backward, segments_forward
-from .tile_spans import Span, SpanCache, assemble, row_span, run_backward, run_forward, runs
+from .tile_spans import (
+    Span,
+    SpanCache,
+    SpanMask,
+    assemble,
+    row_span,
+    run_backward,
+    run_forward,
+    runs,
+)
 from .tile_threads import head_units, row_groups, run, workers
 
 # Below this many (query, key) pairs per head, sdpa under the dense mask (at most 1 MB of
@@ -363,17 +372,17 @@ def _plan_rows_forward(setup: _Setup, rows, q, k, v, mask, bias, out, lse) -> No
                 merge_into(out[:, :, tile.q0 : tile.q1], lse[:, :, tile.q0 : tile.q1], o, l)
 
 
-def _span_mask(setup: _Setup, run, q, tk) -> Tensor:
-    """A run's assembled (n, B or 1, H or 1, rows, width) booleans, made once per call."""
+def _span_mask(setup: _Setup, run, q, tk) -> SpanMask:
+    """A run's assembled mask, made once per call (in its forward; the backward reads it)."""
     tiles = dict(setup.rows)
 
     def tile_allowed(tile: Tile):
         allowed, _, diagonal = _tile_masks(tile, None, None, setup, q, tk, True)
         return "diagonal" if diagonal else allowed
 
-    def build() -> Tensor:
+    def build() -> SpanMask:
         blocks = [tiles[i] for i in range(run.first, run.first + run.count)]
-        return assemble(run, blocks, tile_allowed)
+        return assemble(run, blocks, tile_allowed, q.dtype)
 
     return setup.span_masks.get(run, build)
 
