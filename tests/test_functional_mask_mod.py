@@ -238,7 +238,7 @@ def test_a_window_mask_mod_runs_as_one_band_of_spans(spy, monkeypatch, hkv):
     real = tile_spans.run_forward
 
     def noting(run, *args):
-        runs.append((run.first, run.count, run.width))
+        runs.append((run.first, run.blocks, run.width))
         return real(run, *args)
 
     monkeypatch.setattr(tiled_backend, "run_forward", noting)

@@ -48,11 +48,11 @@ class Span(NamedTuple):
 
 
 class Run(NamedTuple):
-    """Consecutive query blocks first .. first + count - 1 (of `rows` rows each) whose spans
+    """Consecutive query blocks first .. first + blocks - 1 (of `rows` rows each) whose spans
     start at start, start + rows, .. and are `width` keys wide."""
 
     first: int
-    count: int
+    blocks: int
     rows: int
     start: int
     width: int
@@ -82,11 +82,11 @@ def runs(indexed: list[tuple[int, list[Tile]]], spans: list[Span | None], rows: 
         last = out[-1] if out else None
         if (
             last is not None
-            and last.first + last.count == i
+            and last.first + last.blocks == i
             and last.width == span.width
-            and last.start + last.count * rows == span.start
+            and last.start + last.blocks * rows == span.start
         ):
-            out[-1] = last._replace(count=last.count + 1)
+            out[-1] = last._replace(blocks=last.blocks + 1)
         else:
             out.append(Run(i, 1, rows, span.start, span.width))
     return out
@@ -101,7 +101,7 @@ class SpanCache:
         self._lock = threading.Lock()
 
     def get(self, run: Run, build) -> SpanMask:
-        key = (run.first, run.count)
+        key = (run.first, run.blocks)
         with self._lock:
             found = self._masks.get(key)
         if found is None:
@@ -137,7 +137,7 @@ def assemble(run: Run, rows_tiles: list[list[Tile]], tile_allowed, dtype) -> Spa
                 bm, hm = max(bm, a.shape[0]), max(hm, a.shape[1])
             row.append((tile.k0 - s, tile.k1 - s, a))
         parts.append(row)
-    allowed = torch.ones(run.count, bm, hm, run.rows, run.width, dtype=torch.bool)
+    allowed = torch.ones(run.blocks, bm, hm, run.rows, run.width, dtype=torch.bool)
     tril = None
     for m, row in enumerate(parts):
         for c0, c1, a in row:
@@ -155,14 +155,14 @@ def assemble(run: Run, rows_tiles: list[list[Tile]], tile_allowed, dtype) -> Spa
 def _blocks(x: Tensor, run: Run) -> Tensor:
     """A batch element's rows of the run's blocks: (H, T, ..) -> (n, H, b, ..), a view."""
     r0 = run.first * run.rows
-    x = x[:, r0 : r0 + run.count * run.rows].unflatten(1, (run.count, run.rows))
+    x = x[:, r0 : r0 + run.blocks * run.rows].unflatten(1, (run.blocks, run.rows))
     return x.transpose(0, 1)
 
 
 def _spans(x: Tensor, run: Run) -> Tensor:
     """A batch element's keys of each block's span: (Hkv, T, D) -> (n, Hkv, w, D),
     overlapping views of x."""
-    stretch = x[:, run.start : run.start + (run.count - 1) * run.rows + run.width]
+    stretch = x[:, run.start : run.start + (run.blocks - 1) * run.rows + run.width]
     return stretch.unfold(1, run.width, run.rows).permute(1, 0, 3, 2)  # (Hkv, n, D, w) ->
 
 
@@ -245,8 +245,8 @@ def run_backward(run: Run, mask: SpanMask, q, k, v, grad_out, out, lse, scale, d
         l_all = torch.where(l_all == NEG_INF, 0.0, l_all)  # rows with no key: all scores -inf
         bands = [_blocks(x[i], run) for x in (grad_out, q, out)]
         keys = [_spans(x[i], run) for x in (k, v)]
-        for j0 in range(0, run.count, per_call):
-            j1 = min(run.count, j0 + per_call)
+        for j0 in range(0, run.blocks, per_call):
+            j1 = min(run.blocks, j0 + per_call)
             c = slice(j0, j1)
             g, q_b, o = (x[c] for x in bands)
             dq_t, dk_t, dv_t = flash_backward(

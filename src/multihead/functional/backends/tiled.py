@@ -381,7 +381,7 @@ def _span_mask(setup: _Setup, run, q, tk) -> SpanMask:
         return "diagonal" if diagonal else allowed
 
     def build() -> SpanMask:
-        blocks = [tiles[i] for i in range(run.first, run.first + run.count)]
+        blocks = [tiles[i] for i in range(run.first, run.first + run.blocks)]
         return assemble(run, blocks, tile_allowed, q.dtype)
 
     return setup.span_masks.get(run, build)
