@@ -255,6 +255,20 @@ def test_a_window_mask_mod_runs_as_one_band_of_spans(spy, monkeypatch, hkv):
     assert spy["span backward"] == 3
 
 
+def test_spans_whose_masks_would_be_too_large_run_tile_by_tile(spy, monkeypatch):
+    # a head-dependent pattern: its spans' masks are B x H per pair; past the cap the rows
+    # run tile by tile (the kernel's tile calls), with the same result
+    fn = PATTERNS["per-head"]
+    q, k, v = qkv(T, T)
+    dense = dense_from(fn, T, T)
+    for cap in (0, 2**40):
+        monkeypatch.setattr(tile_spans, "MASK_ELEMENTS", cap)
+        out = attention(q, k, v, mask_mod=fn, block_size=BLOCK, backend="tiled")
+        check(out, reference_attention(q, k, v, mask=dense)[0], (q, k, v))
+    assert spy["span forward"] > 0 and spy["forward"] > 0
+    assert spy["forward"] == spy["backward"]  # every tile of the first call, each way
+
+
 def test_structure_skips_tiles_before_mask_mod_is_evaluated(spy):
     # A causal window of 5 leaves 11 of the 36 tiles; mask_mod (always True) sees only those
     shapes: list[tuple[int, int]] = []

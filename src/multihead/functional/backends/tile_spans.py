@@ -39,6 +39,7 @@ from torch import Tensor
 from ..tile_plan import Tile
 from .tile_kernel import NEG_INF, flash_backward, flash_forward
 
+MASK_ELEMENTS = 2**24  # the spans' masks of a call, at most (64 MB in fp32)
 CHUNK_ELEMENTS = 2**18  # key-gradient span elements per backward call (1 MB in fp32)
 
 
@@ -90,6 +91,12 @@ def runs(indexed: list[tuple[int, list[Tile]]], spans: list[Span | None], rows: 
         else:
             out.append(Run(i, 1, rows, span.start, span.width))
     return out
+
+
+def spans_fit(spans: list[Span | None], rows: int, pairs: int) -> bool:
+    """Whether the spans' masks (float, `pairs` (batch row, head) pairs each) stay within
+    MASK_ELEMENTS in all (they live from the forward to the backward)."""
+    return sum(rows * s.width for s in spans if s is not None) * pairs <= MASK_ELEMENTS
 
 
 class SpanCache:

@@ -46,6 +46,7 @@ from .tile_spans import (
     run_backward,
     run_forward,
     runs,
+    spans_fit,
 )
 from .tile_threads import head_units, row_groups, run, workers
 
@@ -115,6 +116,8 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     spans: list[Span | None] = [None] * len(rows)
     if fused and mask is None and bias is None:
         spans = [row_span(tiles, rows_per_block) for tiles in rows]
+        if not spans_fit(spans, rows_per_block, _mask_heads(structure, kind, B, H)):
+            spans = [None] * len(rows)  # their masks would be too large: tile by tile
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
@@ -161,6 +164,23 @@ def _plan(structure, causal, B, H, tq, tk, block, kind, q, k, v) -> list[list[Ti
     with torch.no_grad():
         run([functools.partial(unit, j) for j in range(len(groups))], n)
     return [row for part in parts for row in part]
+
+
+def _mask_heads(structure: Structure | None, kind, B: int, H: int) -> int:
+    """How many (batch row, head) pairs the spans' masks may differ in: the mask_mod's
+    evaluated tiles' (B or 1) x (H or 1), B where documents or a per-row prefix cut them, B H
+    where the mask_mod was not read."""
+    b = h = 1
+    if structure is not None and (
+        structure.documents is not None or isinstance(structure.prefix, Tensor)
+    ):
+        b = B
+    if kind is not None:
+        if not kind.readable:
+            return B * H
+        for tile in kind.masks.values():
+            b, h = max(b, tile.shape[0]), max(h, tile.shape[1])
+    return b * h
 
 
 class _Setup(NamedTuple):
