@@ -13,6 +13,8 @@ from helpers_spies import count_calls
 from helpers_structure import B, H, grads, qkv
 from multihead import CausalLM, LMConfig, MultiHeadAttention, attention
 from multihead.functional import explain, masks
+from multihead.functional import mask_mod as mask_mod_module
+from multihead.functional.backends import tile_spans
 from multihead.functional.backends import tiled as tiled_backend
 from multihead.functional.backends.tile_band import band_plan
 from multihead.functional.backends.tile_segments import segment_plan
@@ -168,8 +170,14 @@ def test_default_block_size_leaves_a_shorter_last_tile():
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the tiled backend's fused-kernel tile calls (forward and backward)."""
-    names = {"kernel_forward": "forward", "kernel_backward": "backward"}
+    """Counts the tiled backend's fused-kernel tile calls (forward and backward) and its runs
+    of batched spans (`tile_spans`: one kernel call per batch row each)."""
+    names = {
+        "kernel_forward": "forward",
+        "kernel_backward": "backward",
+        "run_forward": "span forward",
+        "run_backward": "span backward",
+    }
     return count_calls(monkeypatch, tiled_backend, names)
 
 
@@ -183,20 +191,82 @@ def recording(fn, shapes):
     return mask_mod
 
 
-def test_tiled_skips_all_false_tiles_and_evaluates_tile_by_tile(spy):
+def test_tiled_skips_all_false_tiles_and_evaluates_block_by_block(spy):
     # Block-diagonal 8 x 8 blocks, causal inside, on 4 x 4 tiles: of the 6 x 6 tiles, 6 are
     # partial (the diagonal: triangles), 3 full (below it, inside a block) and 27 all False.
-    # A row visits its partial tile and, in odd rows, one full tile: 9 kernel calls each way.
+    # A row visits its partial tile and, in odd rows, one full tile: each row is one span
+    # (contiguous tiles; spans of 4 and 8 keys alternate: 6 runs of one block).
     fn = PATTERNS["block-diagonal"]
     shapes: list[tuple[int, int]] = []
     q, k, v = qkv(T, T)
     out = attention(q, k, v, mask_mod=recording(fn, shapes), block_size=BLOCK, backend="tiled")
     ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
     check(out, ref, (q, k, v))
-    assert spy == {"forward": 9, "backward": 9}
-    assert shapes and all(rows <= BLOCK and keys <= BLOCK for rows, keys in shapes)
-    # classified once each (36), then evaluated again on the 6 partial tiles, forward and back
-    assert len(shapes) == 36 + 6 + 6
+    assert spy == {"forward": 0, "backward": 0, "span forward": 6, "span backward": 6}
+    # classified one query block at a time (its 6 tiles in one evaluation); the partial
+    # tiles' evaluations are kept on the call's plan for its forward and backward (never
+    # evaluated again)
+    assert shapes == [(BLOCK, T)] * 6
+
+
+def test_classification_evaluates_at_most_a_strip_of_pairs(monkeypatch):
+    # the cap on one evaluation (2 tiles' pairs here), and a function that ignores kv_idx
+    # (its result broadcasts over the keys) or q_idx
+    monkeypatch.setattr(mask_mod_module, "STRIP_ELEMENTS", 2 * BLOCK * BLOCK)
+    for fn in (lambda b, h, q, k: q % 3 != 0, lambda b, h, q, k: k % 5 != 1):
+        shapes: list[tuple[int, int]] = []
+        q, k, v = qkv(T, T)
+        out = attention(q, k, v, mask_mod=recording(fn, shapes), block_size=BLOCK,
+                        backend="tiled")  # fmt: skip
+        ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
+        check(out, ref, (q, k, v))
+        assert len(shapes) == 18  # 6 blocks x 3 evaluations of 2 tiles
+
+
+@pytest.mark.parametrize("hkv", [H, 1])
+def test_a_window_mask_mod_runs_as_one_band_of_spans(spy, monkeypatch, hkv):
+    # A causal window of 16 on tiles of 8 at T 64: rows 2..7 each see a partial, a full and
+    # the diagonal tile, spans of 24 keys moving on by 8: one run (the blocks batched in one
+    # kernel call per batch row); rows 0 and 1 (spans of 8 and 16) a run each. The backward
+    # in chunks of one block, the forward in sub-blocks of 2 rows over the keys they see
+    # (both forced), a head- and batch-dependent cut on top, and empty rows (whole sub-blocks:
+    # positions 4, 5, 14, 15, ..).
+    monkeypatch.setattr(tile_spans, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(tile_spans, "FORWARD_ROWS", 2)
+    monkeypatch.setattr(tiled_backend, "workers", lambda *tensors: 1)  # one unit: whole runs
+    runs: list[tuple[int, int, int]] = []
+    real = tile_spans.run_forward
+
+    def noting(run, *args):
+        runs.append((run.first, run.blocks, run.width))
+        return real(run, *args)
+
+    monkeypatch.setattr(tiled_backend, "run_forward", noting)
+
+    def fn(b, h, q, k):
+        return (k <= q) & (q - k < 16) & ((q + h + b) % 7 != 3) & (q // 2 % 5 != 2)
+
+    q, k, v = qkv(64, 64, hkv=hkv)
+    out = attention(q, k, v, mask_mod=fn, block_size=8, backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, 64, 64))
+    check(out, ref, (q, k, v))
+    assert runs == [(0, 1, 8), (1, 1, 16), (2, 6, 24)]
+    assert spy["forward"] == spy["backward"] == 0
+    assert spy["span backward"] == 3
+
+
+def test_spans_whose_masks_would_be_too_large_run_tile_by_tile(spy, monkeypatch):
+    # a head-dependent pattern: its spans' masks are B x H per pair; past the cap the rows
+    # run tile by tile (the kernel's tile calls), with the same result
+    fn = PATTERNS["per-head"]
+    q, k, v = qkv(T, T)
+    dense = dense_from(fn, T, T)
+    for cap in (0, 2**40):
+        monkeypatch.setattr(tile_spans, "MASK_ELEMENTS", cap)
+        out = attention(q, k, v, mask_mod=fn, block_size=BLOCK, backend="tiled")
+        check(out, reference_attention(q, k, v, mask=dense)[0], (q, k, v))
+    assert spy["span forward"] > 0 and spy["forward"] > 0
+    assert spy["forward"] == spy["backward"]  # every tile of the first call, each way
 
 
 def test_structure_skips_tiles_before_mask_mod_is_evaluated(spy):
@@ -207,7 +277,8 @@ def test_structure_skips_tiles_before_mask_mod_is_evaluated(spy):
     out = attention(q, k, v, causal=True, window=5, mask_mod=always, block_size=BLOCK,
                     backend="tiled")  # fmt: skip
     check(out, attention(q, k, v, causal=True, window=5, backend="eager"), (q, k, v))
-    assert len(shapes) == 11  # classified, all full: not evaluated again when they run
+    # classified one query block at a time (1, then 2 tiles), all full: not evaluated again
+    assert sorted(shapes) == [(BLOCK, BLOCK)] + [(BLOCK, 2 * BLOCK)] * 5  # (any thread order)
 
 
 def test_where_reading_is_not_free_every_tile_is_partial(spy, monkeypatch):
@@ -219,8 +290,10 @@ def test_where_reading_is_not_free_every_tile_is_partial(spy, monkeypatch):
     out = attention(q, k, v, mask_mod=recording(fn, shapes), block_size=BLOCK, backend="tiled")
     ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T))
     check(out, ref, (q, k, v))
-    assert spy == {"forward": 36, "backward": 36}
-    assert len(shapes) == 36 + 36  # evaluated where each tile runs, never to classify
+    # every row is one span of all 24 keys (6 runs of one block), each tile evaluated once,
+    # when its span's mask is assembled (in the forward; the backward reuses it)
+    assert spy == {"forward": 0, "backward": 0, "span forward": 6, "span backward": 6}
+    assert len(shapes) == 36  # evaluated where each tile runs, never to classify
 
 
 def test_the_fast_paths_step_aside_for_a_mask_mod():

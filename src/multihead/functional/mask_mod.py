@@ -25,7 +25,7 @@ last tile instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
 
 import torch
 from torch import Tensor
@@ -155,6 +155,97 @@ def mod_mask(
     return _checked(result, (batch, heads, q1 - q0, k1 - k0), device)
 
 
+CACHE_ELEMENTS = 2**25  # a call's partial tiles kept from classification (32 MB of booleans)
+STRIP_ELEMENTS = 2**20  # pairs per evaluation when classifying a query block's tiles
+
+
+class TileClassifier:
+    """(q0, q1, k0, k1) -> NONE / PARTIAL / FULL of one tile, for `tile_plan.plan_tiles`; the
+    partial tiles' evaluations are kept in `masks` (keyed by (q0, q1, k0, k1), up to
+    CACHE_ELEMENTS booleans in all) for the call's forward and backward to use instead of
+    evaluating them again. One per call: it lives on the call's plan, never beyond it.
+
+    Reading the evaluated tile (any / all) decides the plan on the host: only where that is
+    free (`readable`: eager mode, CPU; see `value_checks.may_read`). Elsewhere every tile is
+    PARTIAL without evaluating here: correct (the tile's mask is evaluated when it runs), and
+    no host synchronisation or data-dependent branch."""
+
+    def __init__(self, mask_mod, batch, heads, tq, tk, device, readable: bool):
+        self.args = (mask_mod, batch, heads)
+        self.shape = (tq, tk, device)
+        self.readable = readable
+        self.masks: dict[tuple[int, int, int, int], Tensor] = {}
+        self._kept = 0
+        self._lock = threading.Lock()  # (the plan's rows may be classified on several threads)
+
+    def row(self, q0: int, q1: int, keys: list[tuple[int, int]]) -> list[int]:
+        """The kinds of one query block's tiles (keys: their (k0, k1), in order): the
+        function evaluated once per contiguous stretch of them (at most STRIP_ELEMENTS
+        pairs a call), each tile's count read from its columns' (one read per stretch)."""
+        if not self.readable:
+            return [PARTIAL] * len(keys)
+        rows = q1 - q0
+        kinds: list[int] = []
+        i = 0
+        while i < len(keys):
+            j = i + 1  # the stretch: tiles i..j-1, contiguous, within the size cap
+            while (
+                j < len(keys)
+                and keys[j][0] == keys[j - 1][1]
+                and rows * (keys[j][1] - keys[i][0]) <= STRIP_ELEMENTS
+            ):
+                j += 1
+            kinds.extend(self._stretch(q0, q1, keys[i:j]))
+            i = j
+        return kinds
+
+    def _stretch(self, q0: int, q1: int, keys: list[tuple[int, int]]) -> list[int]:
+        a, b = keys[0][0], keys[-1][1]
+        strip = mod_mask(*self.args, q0, q1, a, b, *self.shape)  # (B or 1, H or 1, rows, b - a)
+        if not may_read(strip):
+            return [PARTIAL] * len(keys)
+        strip = strip.expand(*strip.shape[:3], b - a)  # (a result that ignores kv_idx: 1 key)
+        # allowed pairs up to each key: bytes summed down the rows (measured: a third less
+        # than a bool -> long sum over (0, 1, 2))
+        flat = strip.reshape(-1, b - a).view(torch.uint8)
+        per_key = flat.sum(dim=0, dtype=torch.int32).cumsum(0)
+        ends = per_key[torch.tensor([k1 - a - 1 for _, k1 in keys])].tolist()
+        per_key_pairs = strip.shape[0] * strip.shape[1] * strip.shape[2]
+        kinds, before = [], 0
+        for (k0, k1), end in zip(keys, ends, strict=True):
+            allowed, before = end - before, end
+            if allowed == per_key_pairs * (k1 - k0):
+                kinds.append(FULL)
+            elif not allowed:
+                kinds.append(NONE)
+            else:
+                kinds.append(PARTIAL)
+                self._keep((q0, q1, k0, k1), strip[..., k0 - a : k1 - a].clone())
+        return kinds
+
+    def _keep(self, key: tuple[int, int, int, int], tile: Tensor) -> None:
+        with self._lock:
+            if self._kept + tile.numel() <= CACHE_ELEMENTS:
+                self.masks[key] = tile
+                self._kept += tile.numel()
+
+    def __call__(self, q0: int, q1: int, k0: int, k1: int) -> int:
+        if not self.readable:
+            return PARTIAL
+        tile = mod_mask(*self.args, q0, q1, k0, k1, *self.shape)
+        if not may_read(tile):
+            return PARTIAL
+        # one reduction and one read (measured: 5 us for a 128 x 128 tile, any() and all()
+        # read apart 26 us); the broadcast result holds the same values as the expanded one
+        allowed = int(torch.count_nonzero(tile))
+        if allowed == tile.numel():
+            return FULL
+        if not allowed:
+            return NONE
+        self._keep((q0, q1, k0, k1), tile)
+        return PARTIAL
+
+
 def tile_classifier(
     mask_mod: MaskMod,
     batch: int,
@@ -163,23 +254,6 @@ def tile_classifier(
     tk: int,
     device: torch.device,
     readable: bool,
-) -> Callable[[int, int, int, int], int]:
-    """(q0, q1, k0, k1) -> NONE / PARTIAL / FULL of one tile, for `tile_plan.plan_tiles`.
-
-    Reading the evaluated tile (any / all) decides the plan on the host: only where that is
-    free (`readable`: eager mode, CPU; see `value_checks.may_read`). Elsewhere every tile is
-    PARTIAL without evaluating here: correct (the tile's mask is evaluated when it runs), and
-    no host synchronisation or data-dependent branch."""
-    if not readable:
-        return lambda q0, q1, k0, k1: PARTIAL
-
-    def kind(q0: int, q1: int, k0: int, k1: int) -> int:
-        tile = mod_mask(mask_mod, batch, heads, q0, q1, k0, k1, tq, tk, device)
-        if not may_read(tile):
-            return PARTIAL
-        # one reduction and one read (measured: 5 us for a 128 x 128 tile, any() and all()
-        # read apart 26 us); the broadcast result holds the same values as the expanded one
-        allowed = int(torch.count_nonzero(tile))
-        return FULL if allowed == tile.numel() else PARTIAL if allowed else NONE
-
-    return kind
+) -> TileClassifier:
+    """The call's `TileClassifier` (see there)."""
+    return TileClassifier(mask_mod, batch, heads, tq, tk, device, readable)

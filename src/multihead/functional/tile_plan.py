@@ -82,11 +82,13 @@ def plan_tiles(
     tk: int,
     block: int | tuple[int, int],
     kind: Callable[[int, int, int, int], int] | None = None,
+    blocks: range | None = None,
 ) -> list[list[Tile]]:
     """Per query block, the key spans it must visit (an empty list: the rows attend to nothing).
 
     `block`: rows and keys per tile (an int: square). `kind(q0, q1, k0, k1)` -> NONE / PARTIAL
-    / FULL: a further rule on each tile the structure lets through (a mask_mod's)."""
+    / FULL: a further rule on each tile the structure lets through (a mask_mod's). `blocks`:
+    plan only these query blocks (their rows, in order; default all)."""
     bq, bk = (block, block) if isinstance(block, int) else block
     s = structure if structure is not None else Structure()
     offset = tk - tq
@@ -96,7 +98,8 @@ def plan_tiles(
     docs = None if s.documents is None else _document_map(s.documents, offset, tq, tk, bq, bk)
     cap = max(bk, (SPAN_ELEMENTS // max(batch * heads * bq, 1)) // bk * bk)
     rows: list[list[Tile]] = []
-    for qi, q0 in enumerate(range(0, tq, bq)):
+    for qi in range(-(-tq // bq)) if blocks is None else blocks:
+        q0 = qi * bq
         q1 = min(q0 + bq, tq)
         p0, p1 = q0 + offset, q1 - 1 + offset  # first and last query positions
         kinds = []
@@ -126,9 +129,6 @@ def plan_tiles(
                 none = none or docs[qi][ki] == NONE
             if none:
                 continue
-            extra = FULL if kind is None else kind(q0, q1, k0, k1)
-            if extra == NONE:
-                continue
             # Square on the positions, and everything but causality allows every pair:
             diagonal = causal and not full and k0 == p0 and k1 - 1 == p1 and prefix is None
             if diagonal and s.window is not None:
@@ -137,10 +137,25 @@ def plan_tiles(
                 diagonal = docs[qi][ki] == FULL
             elif diagonal and s.documents is not None:
                 diagonal = False
-            mod = extra == PARTIAL
-            kinds.append(Tile(q0, q1, k0, k1, full and not mod, diagonal and not mod, mod))
+            kinds.append(Tile(q0, q1, k0, k1, full, diagonal))
+        if kind is not None:
+            kinds = _apply(kind, q0, q1, kinds)
         rows.append(_merge(kinds, cap))
     return rows
+
+
+def _apply(kind, q0: int, q1: int, tiles: list[Tile]) -> list[Tile]:
+    """The structure's tiles of one query block after the further rule: NONE dropped, PARTIAL
+    marked `mod` (neither full nor diagonal then). A rule with a `row` method classifies
+    the block's tiles in one go (`kind.row(q0, q1, [(k0, k1), ..])` -> kinds)."""
+    keys = [(t.k0, t.k1) for t in tiles]
+    row = getattr(kind, "row", None)
+    extras = row(q0, q1, keys) if row is not None else [kind(q0, q1, *k) for k in keys]
+    return [
+        t._replace(full=False, diagonal=False, mod=True) if extra == PARTIAL else t
+        for t, extra in zip(tiles, extras, strict=True)
+        if extra != NONE
+    ]
 
 
 def _merge(tiles: list[Tile], cap: int) -> list[Tile]:

@@ -37,6 +37,17 @@ from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
 from .tile_segments import segment_plan, segments_backward, segments_forward
+from .tile_spans import (
+    Span,
+    SpanCache,
+    SpanMask,
+    assemble,
+    row_span,
+    run_backward,
+    run_forward,
+    runs,
+    spans_fit,
+)
 from .tile_threads import head_units, row_groups, run, workers
 
 # Below this many (query, key) pairs per head, sdpa under the dense mask (at most 1 MB of
@@ -97,18 +108,28 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         kind = tile_classifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
     rows = []
     if band is None and segments is None and prefix_p is None:
-        rows = plan_tiles(structure, call.causal, B, H, tq, tk, block, kind)
+        rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
     indexed = list(enumerate(rows))  # (query block index, its tiles)
+    rows_per_block = block if isinstance(block, int) else block[0]
+    # rows whose tiles make one span run as batched spans (tile_spans.py): fused, no dropout,
+    # key mask or bias; None: tile by tile
+    spans: list[Span | None] = [None] * len(rows)
+    if fused and mask is None and bias is None:
+        spans = [row_span(tiles, rows_per_block) for tiles in rows]
+        if not spans_fit(spans, rows_per_block, _mask_heads(structure, kind, B, H)):
+            spans = [None] * len(rows)  # their masks would be too large: tile by tile
     docs = None if structure is None else structure.documents
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
     setup = _Setup(
-        indexed, block, band, segments, prefix_p, structure, call.causal, call.scale, dropout
-    )
+        indexed, block, band, segments, prefix_p, structure, call.causal, call.scale, dropout,
+        spans, {} if kind is None else kind.masks, SpanCache(),
+    )  # fmt: skip
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
     # projections those are strided views, slower to read tile by tile than one contiguous
-    # copy. (The fast paths' few large calls read strided inputs at full speed.)
-    if any(tiles for _, tiles in indexed):
+    # copy. (The fast paths' few large calls, and the spans' batched ones, read strided
+    # inputs at full speed.)
+    if _tile_rows(setup):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     # q, k, v as a module's own views of its projection (columns or blocks): the Function
     # takes the projection itself and writes its gradient in one buffer (tile_packed.py)
@@ -123,6 +144,45 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     return out, None
 
 
+def _plan(structure, causal, B, H, tq, tk, block, kind, q, k, v) -> list[list[Tile]]:
+    """`plan_tiles`; a mask_mod's (whose classification evaluates it on every tile the
+    structure lets through) in units of consecutive query blocks on the workers, each unit
+    blocks of about equal pairs (counted first from the structure alone)."""
+    if kind is None:
+        return plan_tiles(structure, causal, B, H, tq, tk, block)
+    with torch.no_grad():  # (index tensors only: nothing for autograd to record)
+        n = workers(q, k, v)
+    if n <= 1:
+        return plan_tiles(structure, causal, B, H, tq, tk, block, kind)
+    pairs = [_weight(r) for r in plan_tiles(structure, causal, B, H, tq, tk, block, None)]
+    groups = row_groups(pairs, n)
+    parts: list[list[list[Tile]]] = [[] for _ in groups]
+
+    def unit(j: int) -> None:
+        parts[j] = plan_tiles(structure, causal, B, H, tq, tk, block, kind, groups[j])
+
+    with torch.no_grad():
+        run([functools.partial(unit, j) for j in range(len(groups))], n)
+    return [row for part in parts for row in part]
+
+
+def _mask_heads(structure: Structure | None, kind, B: int, H: int) -> int:
+    """How many (batch row, head) pairs the spans' masks may differ in: the mask_mod's
+    evaluated tiles' (B or 1) x (H or 1), B where documents or a per-row prefix cut them, B H
+    where the mask_mod was not read."""
+    b = h = 1
+    if structure is not None and (
+        structure.documents is not None or isinstance(structure.prefix, Tensor)
+    ):
+        b = B
+    if kind is not None:
+        if not kind.readable:
+            return B * H
+        for tile in kind.masks.values():
+            b, h = max(b, tile.shape[0]), max(h, tile.shape[1])
+    return b * h
+
+
 class _Setup(NamedTuple):
     """What the autograd.Function's forward and backward share besides tensors."""
 
@@ -135,6 +195,14 @@ class _Setup(NamedTuple):
     causal: bool
     scale: float
     dropout: tuple[float, int] | None  # (p, seed)
+    spans: list  # per query block, its Span when it runs as one (tile_spans.py), else None
+    masks: dict  # the mask_mod's evaluated partial tiles, by (q0, q1, k0, k1), from the plan
+    span_masks: SpanCache  # the spans' assembled masks, made in forward, read in backward
+
+
+def _tile_rows(setup: _Setup) -> bool:
+    """Whether some plan row runs tile by tile (not as a span)."""
+    return any(tiles and setup.spans[i] is None for i, tiles in setup.rows)
 
 
 def _draw_seed() -> int:
@@ -167,10 +235,12 @@ def _and(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return a if b is None else b if a is None else a & b
 
 
-def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, q, tk, fused):
+def _tile_masks(tile: Tile, mask, bias, setup: _Setup, q, tk, fused):
     """(allowed, bias, kernel-causal) of one tile: a diagonal tile with nothing else to mask
     runs the fused kernel's own causality, with no mask at all. A tile the mask_mod cuts
-    evaluates it here, on this tile only (forward, and again in backward: nothing kept)."""
+    takes its evaluation from the plan's classification, or evaluates it here, on this tile
+    only (where the classifier did not read it, or kept no more)."""
+    structure, causal = setup.structure, setup.causal
     if fused and tile.diagonal and mask is None and bias is None:
         return None, None, True
     allowed = _slice(mask, tile)
@@ -181,7 +251,11 @@ def _tile_masks(tile: Tile, mask, bias, structure: Structure | None, causal, q, 
             allowed, structure_mask(s, causal, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, q.device)
         )
         if tile.mod and s.mask_mod is not None:
-            own = mod_mask(s.mask_mod, B, H, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, q.device)
+            own = setup.masks.get((tile.q0, tile.q1, tile.k0, tile.k1))
+            if own is None:
+                own = mod_mask(
+                    s.mask_mod, B, H, tile.q0, tile.q1, tile.k0, tile.k1, tq, tk, q.device
+                )
             allowed = _and(allowed, own)
     return allowed, _slice(bias, tile), False
 
@@ -282,23 +356,25 @@ def _plan_forward(setup: _Setup, q, k, v, mask, bias, out, lse) -> None:
 
 
 def _plan_rows_forward(setup: _Setup, rows, q, k, v, mask, bias, out, lse) -> None:
-    """Plan rows (query block index, its tiles) into out and lse."""
-    block, structure, causal, scale, dropout = (
-        setup.block, setup.structure, setup.causal, setup.scale, setup.dropout
-    )  # fmt: skip
+    """Plan rows (query block index, its tiles) into out and lse: the spans' runs first,
+    then the other rows tile by tile."""
+    block, scale, dropout = setup.block, setup.scale, setup.dropout
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     fused = kernel_runs(q, v) and dropout is None
     rows_per_block = block if isinstance(block, int) else block[0]
+    for span_run in runs(rows, setup.spans, rows_per_block):
+        allowed = _span_mask(setup, span_run, q, tk)
+        run_forward(span_run, allowed, q, k, v, scale, out, lse)
     for i, tiles in rows:
+        if setup.spans[i] is not None:
+            continue
         if not tiles:
             r = slice(i * rows_per_block, (i + 1) * rows_per_block)
             out[:, :, r] = 0.0
             lse[:, :, r] = NEG_INF
         for n, tile in enumerate(tiles):
-            allowed, bias_t, diagonal = _tile_masks(
-                tile, mask, bias, structure, causal, q, tk, fused
-            )
+            allowed, bias_t, diagonal = _tile_masks(tile, mask, bias, setup, q, tk, fused)
             q_t, k_t = q[:, :, tile.q0 : tile.q1], k[:, :, tile.k0 : tile.k1]
             v_t = v[:, :, tile.k0 : tile.k1]
             if fused:
@@ -314,6 +390,21 @@ def _plan_rows_forward(setup: _Setup, rows, q, k, v, mask, bias, out, lse) -> No
                 lse[:, :, tile.q0 : tile.q1] = l
             else:
                 merge_into(out[:, :, tile.q0 : tile.q1], lse[:, :, tile.q0 : tile.q1], o, l)
+
+
+def _span_mask(setup: _Setup, run, q, tk) -> SpanMask:
+    """A run's assembled mask, made once per call (in its forward; the backward reads it)."""
+    tiles = dict(setup.rows)
+
+    def tile_allowed(tile: Tile):
+        allowed, _, diagonal = _tile_masks(tile, None, None, setup, q, tk, True)
+        return "diagonal" if diagonal else allowed
+
+    def build() -> SpanMask:
+        blocks = [tiles[i] for i in range(run.first, run.first + run.blocks)]
+        return assemble(run, blocks, tile_allowed, q.dtype)
+
+    return setup.span_masks.get(run, build)
 
 
 def _add_bias_grad(grad: Tensor, ds: Tensor, bias: Tensor, tile: Tile) -> None:
@@ -346,13 +437,15 @@ def _gradient_buffers(q, k, v, setup: _Setup, acc, packed: PackedViews | None):
 def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, want_bias: bool):
     """Fill grads = (dq, dk, dv) (see `_gradient_buffers`); return the bias's gradient (in the
     accumulation dtype) when `want_bias`, else None."""
-    rows, _, band, segments, prefix_p, _, _, _, dropout = setup
+    rows, band, segments, prefix_p, dropout = (
+        setup.rows, setup.band, setup.segments, setup.prefix, setup.dropout
+    )  # fmt: skip
     dq, dk, dv = grads
     acc = dq.dtype
     dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
     # (the kernel gives no score gradient, and takes no keep mask)
     fused = kernel_runs(q, v) and not want_bias and dropout is None
-    if band is None and segments is None and prefix_p is None:
+    if _tile_rows(setup):
         grad_out = grad_out.contiguous()
     # (the fast paths read grad_out in slices, copied by the kernel only where strided or
     # expanded: a whole contiguous copy is a fresh T-long buffer whose first touch costs
@@ -370,25 +463,43 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
 def _plan_backward(setup, q, k, v, mask, bias, out, lse, grad_out, delta, grads, dbias, fused):
     """The general plan, backward: units of consecutive query blocks on worker threads. A
     unit's rows of dq are its own; the key gradients (and the bias's) gather from every row,
-    so each unit after the first adds into zeros of its own, summed into them at the end."""
+    so each unit after the first adds into zeros of its own (made on its worker), summed
+    into them at the end by units of kv heads (so no fill or add runs in the calling thread,
+    where each is a parallel region: measured beside a busy process, window 256 as a
+    mask_mod at T 4096, two threads, ~100 ms of fills and ~170 ms of adds there)."""
     rows = setup.rows
     n = workers(q, k, v, mask, bias, grad_out, out, grads[0])
     groups = row_groups([_weight(tiles) for _, tiles in rows], n)
     dq, dk, dv = grads
-    own = [(dk, dv, dbias)] + [
-        (torch.zeros_like(dk), torch.zeros_like(dv), _zeros_like(dbias)) for _ in groups[1:]
-    ]
+    own: list[tuple | None] = [(dk, dv, dbias)] + [None] * (len(groups) - 1)
     args = (setup, q, k, v, mask, bias, out, lse, grad_out, delta, fused)
-    units = [
-        functools.partial(_plan_rows_backward, *args, [rows[j] for j in g], dq, *gathered)
-        for g, gathered in zip(groups, own, strict=True)
-    ]
-    run(units, n)
-    for dk_u, dv_u, dbias_u in own[1:]:
-        dk += dk_u
-        dv += dv_u
-        if dbias is not None and dbias_u is not None:
-            dbias += dbias_u
+
+    def unit(j: int) -> None:
+        if own[j] is None:
+            own[j] = (torch.zeros_like(dk), torch.zeros_like(dv), _zeros_like(dbias))
+        _plan_rows_backward(*args, [rows[i] for i in groups[j]], dq, *own[j])  # type: ignore[misc]
+
+    run([functools.partial(unit, j) for j in range(len(groups))], n)
+    if len(groups) == 1:
+        return
+    parts = [t for t in own[1:] if t is not None]
+
+    def gather(h: slice) -> None:  # kv heads h of dk and dv (and the bias's heads)
+        for dk_u, dv_u, dbias_u in parts:
+            dk[:, h] += dk_u[:, h]
+            dv[:, h] += dv_u[:, h]
+            if dbias is not None and dbias_u is not None:
+                if dbias.shape[1] == 1:  # (one head: the first unit adds it whole)
+                    if h.start == 0:
+                        dbias.add_(dbias_u)
+                else:
+                    hb = slice(h.start * dbias.shape[1] // dk.shape[1],
+                               h.stop * dbias.shape[1] // dk.shape[1])  # fmt: skip
+                    dbias[:, hb] += dbias_u[:, hb]
+
+    Hkv = dk.shape[1]
+    step = max(1, -(-Hkv // (2 * n)))
+    run([functools.partial(gather, slice(h, min(Hkv, h + step))) for h in range(0, Hkv, step)], n)
 
 
 def _zeros_like(t: Tensor | None) -> Tensor | None:
@@ -400,11 +511,16 @@ def _plan_rows_backward(
 ) -> None:
     """Plan rows (query block index, its tiles): their rows of dq, and what they add to dk,
     dv and the bias's gradient."""
-    structure, causal, scale, dropout = setup.structure, setup.causal, setup.scale, setup.dropout
+    scale, dropout = setup.scale, setup.dropout
     tk = k.shape[2]
     want_bias = dbias is not None
-    for tile in (tile for _, tiles in rows for tile in tiles):
-        allowed, bias_t, diagonal = _tile_masks(tile, mask, bias, structure, causal, q, tk, fused)
+    block = setup.block
+    for span_run in runs(rows, setup.spans, block if isinstance(block, int) else block[0]):
+        allowed = _span_mask(setup, span_run, q, tk)
+        run_backward(span_run, allowed, q, k, v, grad_out, out, lse, scale, dq, dk, dv)
+    tiled_rows = (tiles for i, tiles in rows if setup.spans[i] is None)
+    for tile in (tile for tiles in tiled_rows for tile in tiles):
+        allowed, bias_t, diagonal = _tile_masks(tile, mask, bias, setup, q, tk, fused)
         r, c = slice(tile.q0, tile.q1), slice(tile.k0, tile.k1)
         ds: list[Tensor] | None = [] if want_bias else None
         if fused:
