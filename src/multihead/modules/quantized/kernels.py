@@ -38,6 +38,7 @@ import tempfile
 import weakref
 from functools import cache
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -644,10 +645,22 @@ def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor
 PARALLEL_MIN = 1 << 16  # weights below which one thread does the product (fork-join costs more)
 
 
-def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
-    """The constant arguments of the kernel for a packed matrix (the C function, pointers,
-    dtype flag, N, K, whether it is worth two threads), for `run_kernel`; None where the kernel
-    cannot read it (no compiler, not on the CPU, a layout it does not know)."""
+class KernelArgs(NamedTuple):
+    """The constant arguments of the kernel for one packed matrix (`kernel_args`)."""
+
+    fn: Any  # the C function: mh_int4_mm or mh_int8_mm
+    qs: int  # the buffers' addresses (zero None: Q4_0's implicit zero, or int8)
+    scale: int
+    zero: int | None
+    half: bool  # scales (and zeros) stored as float16
+    n: int  # output rows
+    k: int  # width
+    parallel: bool  # large enough to be worth the threads' fork and join
+
+
+def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> KernelArgs | None:
+    """The constant arguments of the kernel for a packed matrix, for `run_kernel`; None where
+    the kernel cannot read it (no compiler, not on the CPU, a layout it does not know)."""
     lib = _library()
     if lib is None or not _cpu_contiguous(qs, scale, zero):
         return None
@@ -655,10 +668,10 @@ def kernel_args(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tu
     zp = None if zero is None else zero.data_ptr()
     N, K = qs.shape[0], qs.shape[1] * (2 if form == "int4" else 1)
     fn = lib.mh_int4_mm if form == "int4" else lib.mh_int8_mm
-    return (fn, qs.data_ptr(), scale.data_ptr(), zp, half, N, K, N * K >= PARALLEL_MIN)
+    return KernelArgs(fn, qs.data_ptr(), scale.data_ptr(), zp, half, N, K, N * K >= PARALLEL_MIN)
 
 
-def run_kernel(x: Tensor, args: tuple) -> Tensor:
+def run_kernel(x: Tensor, args: KernelArgs) -> Tensor:
     """x (M, K) float32, contiguous, on the CPU, M <= KERNEL_MAX_ROWS -> (M, N): the packed
     product with `kernel_args`'s constants (the per-call work kept to the C call)."""
     fn, qp, sp, zp, half, N, K, parallel = args
@@ -671,10 +684,10 @@ def run_kernel(x: Tensor, args: tuple) -> Tensor:
 
 # id(qs tensor) -> (its buffers' addresses, kernel_args); an entry is dropped when its tensor
 # is freed (weakref.finalize), so an id reused by a later tensor never finds a stale one
-_PLANS: dict[int, tuple] = {}
+_PLANS: dict[int, tuple[tuple, KernelArgs | None]] = {}
 
 
-def _plan(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> tuple | None:
+def _plan(form: str, qs: Tensor, scale: Tensor, zero: Tensor | None) -> KernelArgs | None:
     """`kernel_args` of a packed matrix, remembered per qs tensor and remade when a buffer's
     storage changed: the operator torch.compile calls per product then costs little more than
     the C call (a plain dict read: a weak-keyed dictionary costs ~1 us more per call)."""
@@ -736,7 +749,7 @@ def _packed_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None, form: 
     tracing into ctypes."""
     if x.dim() == 2 and x.shape[0] <= KERNEL_MAX_ROWS and x.dtype is torch.float32 and x.is_cpu:
         args = _plan(form, qs, scale, zero)
-        if args is not None and x.shape[1] == args[6]:
+        if args is not None and x.shape[1] == args.k:
             return run_kernel(x.contiguous(), args)
     if form == "int4":
         return int4_mm(x, qs, scale, zero)
@@ -772,24 +785,37 @@ def _packed_mm_pair(
     (SwiGLU's gate and up) read with one kernel call when M is 1, each row's value as
     `packed_mm` gives it; otherwise the two products, concatenated."""
     if x.dim() == 2 and x.shape[0] == 1 and x.dtype is torch.float32 and x.is_cpu:
-        a, b = _plan(form, qs, scale, zero), _plan(form, qs2, scale2, zero2)
-        if a is not None and b is not None and a[4] == b[4] and x.shape[1] == a[6] == b[6]:
-            return run_pair(x.contiguous(), form == "int4", a, b)
+        plans = pair_plans(form, x.shape[1], (qs, scale, zero), (qs2, scale2, zero2))
+        if plans is not None:
+            return run_pair(x.contiguous(), form == "int4", *plans)
     return torch.cat(
         (_packed_mm(x, qs, scale, zero, form), _packed_mm(x, qs2, scale2, zero2, form)), dim=1
     )
 
 
-def run_pair(x: Tensor, int4: bool, a: tuple, b: tuple) -> Tensor:
+Buffers = tuple[Tensor, Tensor, Tensor | None]  # a packed matrix's (qs, scale, zero)
+
+
+def pair_plans(form: str, k: int, a: Buffers, b: Buffers) -> tuple[KernelArgs, KernelArgs] | None:
+    """The plans of two packed matrices of one form that `run_pair` reads in one call with
+    activations of width k: both readable by the kernel, of width k, scales of one dtype;
+    else None."""
+    pa, pb = _plan(form, *a), _plan(form, *b)
+    if pa is None or pb is None or pa.half != pb.half or not k == pa.k == pb.k:
+        return None
+    return pa, pb
+
+
+def run_pair(x: Tensor, int4: bool, a: KernelArgs, b: KernelArgs) -> Tensor:
     """x (1, K) float32, contiguous, on the CPU -> (1, NA + NB): `mh_pair_mv` with the plans
-    of two matrices of one form (int4 or int8; same dtype flag and K)."""
+    of two matrices of one form (`pair_plans`)."""
     lib = _library()
     assert lib is not None
-    y = torch.empty(1, a[5] + b[5])
-    threads = torch.get_num_threads() if a[7] or b[7] else 1
+    y = torch.empty(1, a.n + b.n)
+    threads = torch.get_num_threads() if a.parallel or b.parallel else 1
     lib.mh_pair_mv(
-        int4, x.data_ptr(), a[1], a[2], a[3], a[5], b[1], b[2], b[3], b[5],
-        a[4], y.data_ptr(), a[6], threads,
+        int4, x.data_ptr(), a.qs, a.scale, a.zero, a.n, b.qs, b.scale, b.zero, b.n,
+        a.half, y.data_ptr(), a.k, threads,
     )  # fmt: skip
     return y
 

@@ -29,6 +29,8 @@ from torch.nn.modules import module as _module
 
 from .kernels import (
     SCALE_DTYPES,
+    Buffers,
+    KernelArgs,
     _kernel_reads,
     _plan,
     _tiled,
@@ -39,6 +41,7 @@ from .kernels import (
     packed_mm,
     packed_mm_pair,
     packed_take,
+    pair_plans,
     run_kernel,
     run_pair,
     tiled_transposed,
@@ -127,14 +130,18 @@ class PackedRows(nn.Module):
             return _PackedMatmul.apply(x, self)
         return self._matmul(x)
 
-    def _kernel_args(self) -> tuple | None:
-        """The kernel's constants for these buffers (`kernels._plan`: kept beside the qs tensor,
-        not on the module, so the module still pickles and deep-copies; remade when a buffer
-        moved: `.to()`, `load_state_dict`)."""
+    def _kernel_buffers(self) -> Buffers:
+        """(qs, scale, zero): the buffers the kernel reads (zero None where there is none)."""
         b = self._buffers
         qs, scale, zero = b["qs"], b["scale"], b["zero"]
         assert qs is not None and scale is not None
-        return _plan(self.form, qs, scale, zero)
+        return qs, scale, zero
+
+    def _kernel_args(self) -> KernelArgs | None:
+        """The kernel's constants for these buffers (`kernels._plan`: kept beside the qs tensor,
+        not on the module, so the module still pickles and deep-copies; remade when a buffer
+        moved: `.to()`, `load_state_dict`)."""
+        return _plan(self.form, *self._kernel_buffers())
 
     def _matmul(self, x: Tensor) -> Tensor:
         if self.form != "blocks" and x.device.type == "cpu" and torch.compiler.is_compiling():
@@ -279,10 +286,10 @@ def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor,
 def _pair_matmul(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
     if torch.compiler.is_compiling():
         return packed_mm_pair(x, a.qs, a.scale, a.zero, b.qs, b.scale, b.zero, a.form)
-    pa, pb = a._kernel_args(), b._kernel_args()
-    if pa is None or pb is None or pa[4] != pb[4]:
+    plans = pair_plans(a.form, x.shape[1], a._kernel_buffers(), b._kernel_buffers())
+    if plans is None:
         return None
-    return run_pair(x.contiguous(), a.form == "int4", pa, pb)
+    return run_pair(x.contiguous(), a.form == "int4", *plans)
 
 
 def _no_hooks(layer: nn.Module) -> bool:
