@@ -160,10 +160,11 @@ STRIP_ELEMENTS = 2**20  # pairs per evaluation when classifying a query block's 
 
 
 class TileClassifier:
-    """(q0, q1, k0, k1) -> NONE / PARTIAL / FULL of one tile, for `tile_plan.plan_tiles`; the
-    partial tiles' evaluations are kept in `masks` (keyed by (q0, q1, k0, k1), up to
-    CACHE_ELEMENTS booleans in all) for the call's forward and backward to use instead of
-    evaluating them again. One per call: it lives on the call's plan, never beyond it.
+    """The kinds (NONE / PARTIAL / FULL) of a query block's tiles (`row`), for
+    `tile_plan.plan_tiles`; the partial tiles' evaluations are kept in `masks` (keyed by
+    (q0, q1, k0, k1), up to CACHE_ELEMENTS booleans in all) for the call's forward and backward
+    to use instead of evaluating them again. One per call: it lives on the call's plan, never
+    beyond it.
 
     Reading the evaluated tile (any / all) decides the plan on the host: only where that is
     free (`readable`: eager mode, CPU; see `value_checks.may_read`). Elsewhere every tile is
@@ -228,32 +229,3 @@ class TileClassifier:
             if self._kept + tile.numel() <= CACHE_ELEMENTS:
                 self.masks[key] = tile
                 self._kept += tile.numel()
-
-    def __call__(self, q0: int, q1: int, k0: int, k1: int) -> int:
-        if not self.readable:
-            return PARTIAL
-        tile = mod_mask(*self.args, q0, q1, k0, k1, *self.shape)
-        if not may_read(tile):
-            return PARTIAL
-        # one reduction and one read (measured: 5 us for a 128 x 128 tile, any() and all()
-        # read apart 26 us); the broadcast result holds the same values as the expanded one
-        allowed = int(torch.count_nonzero(tile))
-        if allowed == tile.numel():
-            return FULL
-        if not allowed:
-            return NONE
-        self._keep((q0, q1, k0, k1), tile)
-        return PARTIAL
-
-
-def tile_classifier(
-    mask_mod: MaskMod,
-    batch: int,
-    heads: int,
-    tq: int,
-    tk: int,
-    device: torch.device,
-    readable: bool,
-) -> TileClassifier:
-    """The call's `TileClassifier` (see there)."""
-    return TileClassifier(mask_mod, batch, heads, tq, tk, device, readable)

@@ -15,8 +15,7 @@ Shapes: documents (B, Tk); a tile is queries q0..q1 x keys k0..k1 of a (Tq, Tk) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -73,6 +72,14 @@ def _document_map(documents: Tensor, offset: int, tq: int, tk: int, bq: int, bk:
     return (torch.where(apart, NONE, torch.where(one, FULL, PARTIAL))).tolist()
 
 
+class TileRule(Protocol):
+    """A further rule on the tiles the structure lets through (`mask_mod.TileClassifier`)."""
+
+    def row(self, q0: int, q1: int, keys: list[tuple[int, int]]) -> list[int]:
+        """NONE / PARTIAL / FULL of query rows q0..q1's tiles, keys their (k0, k1) in order."""
+        ...
+
+
 def plan_tiles(
     structure: Structure | None,
     causal: bool,
@@ -81,14 +88,15 @@ def plan_tiles(
     tq: int,
     tk: int,
     block: int | tuple[int, int],
-    kind: Callable[[int, int, int, int], int] | None = None,
+    kind: TileRule | None = None,
     blocks: range | None = None,
 ) -> list[list[Tile]]:
     """Per query block, the key spans it must visit (an empty list: the rows attend to nothing).
 
-    `block`: rows and keys per tile (an int: square). `kind(q0, q1, k0, k1)` -> NONE / PARTIAL
-    / FULL: a further rule on each tile the structure lets through (a mask_mod's). `blocks`:
-    plan only these query blocks (their rows, in order; default all)."""
+    `block`: rows and keys per tile (an int: square). `kind`: a further rule on each tile the
+    structure lets through (a mask_mod's: `kind.row` gives one query block's tiles NONE /
+    PARTIAL / FULL). `blocks`: plan only these query blocks (their rows, in order; default
+    all)."""
     bq, bk = (block, block) if isinstance(block, int) else block
     s = structure if structure is not None else Structure()
     offset = tk - tq
@@ -144,13 +152,10 @@ def plan_tiles(
     return rows
 
 
-def _apply(kind, q0: int, q1: int, tiles: list[Tile]) -> list[Tile]:
+def _apply(kind: TileRule, q0: int, q1: int, tiles: list[Tile]) -> list[Tile]:
     """The structure's tiles of one query block after the further rule: NONE dropped, PARTIAL
-    marked `mod` (neither full nor diagonal then). A rule with a `row` method classifies
-    the block's tiles in one go (`kind.row(q0, q1, [(k0, k1), ..])` -> kinds)."""
-    keys = [(t.k0, t.k1) for t in tiles]
-    row = getattr(kind, "row", None)
-    extras = row(q0, q1, keys) if row is not None else [kind(q0, q1, *k) for k in keys]
+    marked `mod` (neither full nor diagonal then)."""
+    extras = kind.row(q0, q1, [(t.k0, t.k1) for t in tiles])
     return [
         t._replace(full=False, diagonal=False, mod=True) if extra == PARTIAL else t
         for t, extra in zip(tiles, extras, strict=True)

@@ -28,7 +28,7 @@ from ...value_checks import may_read
 from ..call import AttentionCall, variant_reasons
 from ..dropout_mask import dropout_keep_mask
 from ..first_order import first_order
-from ..mask_mod import mod_mask, tile_classifier
+from ..mask_mod import TileClassifier, mod_mask
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
@@ -105,7 +105,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     if structure is not None and structure.mask_mod is not None and structure.block is not None:
         # A mask_mod's tiles: evaluated one at a time, classified where reading is free.
         block = structure.block
-        kind = tile_classifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
+        kind = TileClassifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
     rows = []
     if band is None and segments is None and prefix_p is None:
         rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
