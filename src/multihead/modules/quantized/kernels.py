@@ -580,8 +580,8 @@ def dequantize_int4(
     """(n, K/2) uint8 + (n, K/32) scale and zero (float16 or float32; zero None: Q4_0's
     implicit -8 scale) -> (n, K) in `dtype` (computed in float32)."""
     n, G = scale.shape
-    lib = _library()
-    if lib is not None and _cpu_contiguous(qs, scale, zero):
+    lib = _eager_host_library(qs, scale, zero)
+    if lib is not None:
         w = torch.empty(n, G * GROUP)
         lib.mh_int4_rows(
             qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr(),
@@ -600,8 +600,8 @@ def dequantize_int8(qs: Tensor, scale: Tensor, dtype: torch.dtype = torch.float3
     """(n, K) int8 + (n, K/32) scale (float16 or float32) -> (n, K) in `dtype` (computed in
     float32)."""
     n, G = scale.shape
-    lib = _library()
-    if lib is not None and _cpu_contiguous(qs, scale):
+    lib = _eager_host_library(qs, scale)
+    if lib is not None:
         w = torch.empty(n, G * GROUP)
         lib.mh_int8_rows(
             qs.data_ptr(), scale.data_ptr(), scale.dtype == torch.float16, w.data_ptr(), n,
@@ -610,6 +610,18 @@ def dequantize_int8(qs: Tensor, scale: Tensor, dtype: torch.dtype = torch.float3
         return w.to(dtype)
     w = qs.view(n, G, GROUP).float() * scale.float()[..., None]  # (n, G, 32)
     return w.view(n, G * GROUP).to(dtype)
+
+
+def _eager_host_library(
+    qs: Tensor, scale: Tensor, zero: Tensor | None = None
+) -> ctypes.CDLL | None:
+    """The compiled kernels for a dequantisation they can read, outside tracing; else None (the
+    torch path). Traced code (torch.compile of a CUDA model's prefill, or of the dequantiser
+    itself) must not reach `_library()`: it hashes, stats and compiles, which dynamo cannot
+    trace, and a raw pointer means nothing to a graph. Device first: a CUDA tensor never asks."""
+    if not _cpu_contiguous(qs, scale, zero) or torch.compiler.is_compiling():
+        return None
+    return _library()
 
 
 def _cpu_contiguous(qs: Tensor, scale: Tensor, zero: Tensor | None = None) -> bool:
