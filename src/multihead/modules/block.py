@@ -368,9 +368,9 @@ class TransformerBlock(nn.Module):
         are called as modules, so their hooks (multihead's and torch's) fire as on the
         general path, and the values are the general path's."""
         layers = self._modules
-        attn, ffn = layers["attn"], layers["ffn"]
+        attn, ffn = layers["attn"], layers.get("ffn")  # (None: not registered)
         points = None if cache is None else checkpoints(cache)
-        norm1, norm2 = layers["norm1"], layers["norm2"]
+        norm1, norm2 = layers.get("norm1"), layers.get("norm2")
         a = attn(x if norm1 is None else norm1(x), cache=cache, positions=positions)
         if ffn is None:
             return x + a

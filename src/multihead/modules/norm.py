@@ -74,10 +74,12 @@ class RMSNorm(nn.Module):
         w = self.weight
         if (
             x.dtype == torch.float32
-            and x.device.type == "cpu"
+            and x.is_cpu
             and not self.offset
             and (w is None or w.dtype == x.dtype)
         ):
+            if x.shape[-1] != self.normalized_shape[0]:  # (F.rms_norm names the shapes)
+                return F.rms_norm(x, self.normalized_shape, w, self.eps)
             # F.rms_norm's values (bit for bit on CPU in float32: the same ops in the same
             # order, tests/test_decode_step_costs.py) in fewer dispatches: torch's op is a
             # composite of eight (pow, sum, div, add, rsqrt, mul, type_as, mul), which cost a
