@@ -7,13 +7,14 @@ import math
 
 import pytest
 import torch
-from reference import reference_attention
 
 from multihead import CausalLM, LMConfig, MultiHeadAttention
 from multihead.interpret import run_with_cache, run_with_hooks
 from multihead.modules.cache import KVCache
 from multihead.modules.norm import RMSNorm
 from multihead.positional import RotaryEmbedding
+
+from reference import reference_attention
 
 B, H, HKV, D = 2, 6, 2, 8  # mutually distinct; grouped-query heads
 C = H * D
@@ -64,9 +65,7 @@ def test_rope_plain_path_is_the_general_path_bit_for_bit_and_the_reference(rotar
         # a prefill of 4 tokens, then 3 decode steps; positions from the cache
         for chunk in (xs[:, :4], xs[:, 4:5], xs[:, 5:6], xs[:, 6:7]):
             got = m(chunk, cache=plain_cache)
-            torch.testing.assert_close(
-                got, _general(m, chunk, cache=general_cache), rtol=0, atol=0
-            )
+            torch.testing.assert_close(got, _general(m, chunk, cache=general_cache), rtol=0, atol=0)
             outs.append(got)
     positions = torch.arange(7).expand(B, 7)
     expected = _reference(m, xs, positions).float()
@@ -82,9 +81,7 @@ def test_rope_plain_path_with_per_row_positions_and_no_cache():
     positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
     with torch.no_grad():
         got = m(x, positions=positions)
-        torch.testing.assert_close(
-            got, _general(m, x, positions=positions), rtol=0, atol=0
-        )
+        torch.testing.assert_close(got, _general(m, x, positions=positions), rtol=0, atol=0)
         # the keys of each row, rotated by its own positions (no cache: causal over the call)
         torch.testing.assert_close(got, _reference(m, x, positions).float(), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="positions must be >= 0"):

@@ -267,8 +267,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         """
         # The hot path first (batched self-attention through the packed projection, no position
         # scheme or RoPE; nothing of the call's own to decide: no key input, mask, structure,
-        # weights; positions only for RoPE; no cache or a KVCache), in as few tests as possible: at small shapes each costs ~0.5% of the
-        # call (`multihead bench attention`, small calls). Anything else takes the general path.
+        # weights; positions only for RoPE; no cache or a KVCache), in as few tests as
+        # possible: at small shapes each costs ~0.5% of the call (`multihead bench attention`,
+        # small calls). Anything else takes the general path.
         if (
             key is None
             and value is None
