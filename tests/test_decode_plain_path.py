@@ -211,3 +211,36 @@ def test_rmsnorm_is_f_rms_norm_bit_for_bit():
     assert math.isfinite(float(norm(torch.zeros(1, 960)).sum()))  # eps keeps zeros finite
     with pytest.raises(RuntimeError, match="960"):  # a width that is not the norm's: refused
         norm(torch.randn(2, 1))
+
+
+def test_modules_called_as_their_forward_only_when_nothing_watches_the_call():
+    """The plain paths call children's forward directly (module_call.bare); a global module
+    hook, or a hook on one block, sees every call it would see through Module.__call__, and
+    the logits stay the same."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    m = _lm()
+    ids = torch.randint(0, 41, (2, 6))
+    with torch.no_grad():
+        plain = m(ids)
+    seen: list[str] = []
+    names = {id(mod): name for name, mod in m.named_modules()}
+    handle = register_module_forward_hook(lambda mod, i, o: seen.append(names.get(id(mod), "?")))
+    try:
+        with torch.no_grad():
+            hooked = m(ids)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(hooked, plain, rtol=0, atol=0)
+    for i in range(2):
+        for part in ("", ".norm1", ".attn", ".attn.in_proj", ".attn.out_proj", ".norm2", ".ffn"):
+            assert f"layers.{i}{part}" in seen, (i, part)
+        assert f"layers.{i}.ffn.down" in seen
+    block_calls = []
+    h = m.layers[1].register_forward_hook(lambda mod, i, o: block_calls.append(o.shape))
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(m(ids), plain, rtol=0, atol=0)
+    finally:
+        h.remove()
+    assert block_calls == [torch.Size([2, 6, 24])]

@@ -37,6 +37,7 @@ from ..positional.scheme import PositionScheme
 from .attention import MultiHeadAttention
 from .cache import CrossKVCache, KVCache, checkpoints, roll_back
 from .feedforward import FeedForward, SwiGLU
+from .module_call import bare
 from .norm import make_norm
 from .qk_norm import HeadNorm
 from .split_inputs import SPLIT_INPUT_POINTS, split_inputs, wants_split_inputs
@@ -371,10 +372,24 @@ class TransformerBlock(nn.Module):
         attn, ffn = layers["attn"], layers.get("ffn")  # (None: not registered)
         points = None if cache is None else checkpoints(cache)
         norm1, norm2 = layers.get("norm1"), layers.get("norm2")
+        if bare(norm1, attn, norm2, ffn):  # (calls of their forward: see module_call)
+            a = attn.forward(
+                x if norm1 is None else norm1.forward(x), cache=cache, positions=positions
+            )
+            if ffn is None:
+                return x + a
+            try:  # (self-attention appended to its cache: a failure below undoes that)
+                h = x if self.parallel else x + a
+                m = ffn.forward(h if norm2 is None else norm2.forward(h))
+            except (ValueError, TypeError):
+                if points is not None:
+                    roll_back(points)
+                raise
+            return (x + a) + m if self.parallel else h + m
         a = attn(x if norm1 is None else norm1(x), cache=cache, positions=positions)
         if ffn is None:
             return x + a
-        try:  # (self-attention appended to its cache: a failure below undoes that)
+        try:
             h = x if self.parallel else x + a
             m = ffn(h if norm2 is None else norm2(h))
         except (ValueError, TypeError):
