@@ -25,7 +25,7 @@ attribute ffn).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
@@ -284,7 +284,7 @@ class TransformerBlock(nn.Module):
             and block_size is None
             and memory is None
             and cross_cache is None
-            and _identity(self._modules["dropout"])
+            and _identity(self._modules["dropout"])  # type: ignore[arg-type]
         ):
             return self._plain_forward(x, cache, positions)
         if lengths is not None and self.cross_attn is not None:
@@ -368,7 +368,7 @@ class TransformerBlock(nn.Module):
         structure or weights, whose dropout is the identity (eval mode, or p = 0). Children
         are called as modules, so their hooks (multihead's and torch's) fire as on the
         general path, and the values are the general path's."""
-        layers = self._modules
+        layers: dict[str, Any] = self._modules
         attn, ffn = layers["attn"], layers.get("ffn")  # (None: not registered)
         points = None if cache is None else checkpoints(cache)
         norm1, norm2 = layers.get("norm1"), layers.get("norm2")

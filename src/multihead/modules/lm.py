@@ -378,7 +378,7 @@ class CausalLM(ModelWeights, nn.Module):
         block_size: int | tuple[int, int] | None,
     ) -> Tensor:
         """x (B, T, C) through every layer."""
-        layers = self._modules["layers"]
+        layers: nn.ModuleList = self._modules["layers"]  # type: ignore[assignment]
         direct = bare(*layers)  # (each layer's forward, without Module.__call__: module_call)
         try:
             for i, layer in enumerate(layers):

@@ -20,6 +20,7 @@ Shapes: q (B, H, T, D), k (B, Hkv, T, D); q_index (Tq,), k_index (Tk,); bias (1,
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 
@@ -39,6 +40,11 @@ class PositionScheme(nn.Module):
 
     def bias(self, q_index: Tensor, k_index: Tensor) -> Tensor | None:
         return None
+
+    def has_tables(self, positions: Tensor, dtype: torch.dtype) -> bool:
+        """Whether this forward already rotated by this very `positions` tensor (and so its
+        caller checked it): the plain path then reads no values again. Default: False."""
+        return False
 
     def rotate_heads_(self, heads: Tensor, count: int, positions: Tensor) -> None:
         """Rotate heads[:, :count] (B, count, T, D) in place, as `rotate` rotates q and k
