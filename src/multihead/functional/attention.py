@@ -61,19 +61,20 @@ def dispatch_plain(
         # The common call (a decode step, whose one query sees every key; a call without
         # causality), as `sdpa_plain` runs it, written out: at small shapes each Python call
         # costs ~1% of the call (more than it takes alone: run between kernels, Python runs
-        # with cold caches). No causal flag, dropout or grouped heads (no keywords), no NaN
-        # correction where sdpa_plain makes none (the key count read only in eager mode on
-        # CPU: compiled, it would be a guard).
+        # with cold caches). No causal flag or dropout (no keywords; grouped heads: one), no
+        # NaN correction where sdpa_plain makes none (the key count read only in eager mode
+        # on CPU: compiled, it would be a guard).
         if (
             dropout_p == 0.0
             and (tq == 1 or not causal)
             and d > 0
-            and q.shape[1] == k.shape[1]
             and tq != 0
             and tk != 0
             and (not q.is_cpu or (not sdpa_is_compiling() and tk >= NAN_QUIRK_KEYS))
         ):
-            return sdpa_kernel(q, k, v, scale=d**-0.5)
+            if q.shape[1] == k.shape[1]:
+                return sdpa_kernel(q, k, v, scale=d**-0.5)
+            return sdpa_kernel(q, k, v, scale=d**-0.5, enable_gqa=True)  # (B, Hkv, ...)
         out = sdpa_plain(q, k, v, causal, dropout_p)
         if out is not None:
             return out

@@ -172,7 +172,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             position.check(num_heads, head_dim)
             if position.uses_positions:
                 self.hook_points = ROTARY_HOOK_POINTS
-        self.position = position
+        self.position = position  # (also sets _rotates and _plain_position: __setattr__)
         self.scale = None if scale is None else resolve_scale(scale, head_dim)
         self.softcap = check_softcap(softcap)
         self.sinks = (
@@ -187,6 +187,16 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             or q_norm is not None
             or k_norm is not None
         )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "position":
+            # (plain attributes, read by the hot path in forward: no position scheme, or one
+            # that only rotates q and k, which the plain path does in place (RoPE); kept in
+            # step when a scheme is replaced, as tensor parallelism does)
+            rotates = value is not None and value.rotates_heads
+            object.__setattr__(self, "_rotates", rotates)
+            object.__setattr__(self, "_plain_position", value is None or rotates)
 
     def _variants(self) -> dict:
         """The attention-variant arguments of this module's calls (see `make_call`)."""
@@ -255,16 +265,17 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
 
         Returns `(B, Tq, C)`, or `(output, weights (B, H, Tq, Tk))` when `return_weights=True`.
         """
-        # The hot path first (batched self-attention through the packed projection; nothing of
-        # the call's own to decide: no key input, mask, positions, structure, weights; no cache
-        # or a KVCache), in as few tests as possible: at small shapes each costs ~0.5% of the
-        # call (`multihead bench attention`, small calls). Anything else takes the general path.
+        # The hot path first (batched self-attention through the packed projection, no position
+        # scheme or RoPE; nothing of the call's own to decide: no key input, mask, structure,
+        # weights; positions only for RoPE; no cache or a KVCache), in as few tests as
+        # possible: at small shapes each costs ~0.5% of the call (`multihead bench attention`,
+        # small calls). Anything else takes the general path.
         if (
             key is None
             and value is None
             and mask is None
             and key_mask is None
-            and positions is None
+            and (positions is None or self._rotates)  # (positions mean nothing to others)
             and lengths is None
             and window is None
             and documents is None
@@ -274,7 +285,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             and return_weights is False
             and (cache is None or type(cache) is KVCache)
             and self._sequence_parallel is None
-            and self.position is None
+            and self._plain_position
             and self.packed
             and not self._variant
             and isinstance(query, Tensor)
@@ -294,7 +305,7 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 and hooks_for(self) is None
             ):
                 causal = self.causal if causal is None else check_flag("causal", causal)
-                return self._plain_forward(query, causal, cache, direct)
+                return self._plain_forward(query, causal, cache, direct, positions)
         structured = (
             window is not None
             or documents is not None

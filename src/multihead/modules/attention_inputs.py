@@ -74,8 +74,11 @@ def check_key_mask(key_mask: object, batch: int, keys: int, device: torch.device
     return key_mask
 
 
-def check_positions(positions: object, batch: int, length: int, device: torch.device) -> Tensor:
-    """Integer positions (T,) or (B, T) for this call's T tokens, on the inputs' device, >= 0."""
+def check_positions(
+    positions: object, batch: int, length: int, device: torch.device, *, values: bool = True
+) -> Tensor:
+    """Integer positions (T,) or (B, T) for this call's T tokens, on the inputs' device, >= 0
+    (the values read where that is free, unless `values=False`: a caller that checked them)."""
     if not isinstance(positions, Tensor):
         raise TypeError(f"positions must be a torch.Tensor or None, got {type(positions).__name__}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
@@ -93,7 +96,8 @@ def check_positions(positions: object, batch: int, length: int, device: torch.de
         )
     if positions.device != device:
         raise ValueError(f"positions is on {positions.device} but the inputs are on {device}")
-    check_non_negative("positions", positions)
+    if values:
+        check_non_negative("positions", positions)
     return positions
 
 

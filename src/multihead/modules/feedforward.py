@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..hook_points import hooks_for
-from .projections import _plain
+from .projections import _plain, linear
 from .quantized import linear_pair
 
 
@@ -175,7 +175,7 @@ class SwiGLU(nn.Module):
         hooks = hooks_for(self)
         if hooks is None:  # (packed gate and up: one kernel call, modules.quantized)
             gate, up = linear_pair(self.gate, self.up, x)
-            return self.down(self.act(gate) * up)
+            return linear(self._modules["down"], self.act(gate) * up)  # type: ignore[arg-type]
         gate = hooks("hook_pre", self.gate(x))
         up = hooks("hook_pre_linear", self.up(x))
         return self.down(hooks("hook_post", self.act(gate) * up))

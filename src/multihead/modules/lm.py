@@ -28,6 +28,7 @@ from .cache import KVCache, checkpoints, roll_back
 from .generation import head_logits, soft_cap
 from .init import init_weights
 from .model_weights import ModelWeights
+from .module_call import bare
 from .norm import make_norm
 from .quantized.linear import weight_like
 from .static_cache import StaticKVCache
@@ -377,14 +378,16 @@ class CausalLM(ModelWeights, nn.Module):
         block_size: int | tuple[int, int] | None,
     ) -> Tensor:
         """x (B, T, C) through every layer."""
+        layers: nn.ModuleList = self._modules["layers"]  # type: ignore[assignment]
+        direct = bare(*layers)  # (each layer's forward, without Module.__call__: module_call)
         try:
-            for i, layer in enumerate(self.layers):
+            for i, layer in enumerate(layers):
                 # The layer's window reaches attention as structure (no (T, T) mask); a cache
                 # applies its own window.
                 layer_window = window
                 if layer_window is None and caches is None:
                     layer_window = self.config.window(i)
-                x = layer(
+                x = (layer.forward if direct else layer)(
                     x,
                     key_mask=key_mask,
                     cache=None if caches is None else caches[i],

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
+from .module_call import bare
 from .quantized.linear import weight_like
 
 Projection = Callable[[Tensor], Tensor]
@@ -70,6 +71,8 @@ def linear(layer: nn.Module, x: Tensor) -> Tensor:
     if _plain(layer):
         params = layer._parameters
         return F.linear(x, params["weight"], params["bias"])  # type: ignore[arg-type]
+    if bare(layer):  # (a packed quantized layer: its forward, without Module.__call__)
+        return layer.forward(x)
     return layer(x)
 
 

@@ -98,6 +98,7 @@ class RotaryEmbedding(PositionScheme):
     """
 
     uses_positions = True
+    rotates_heads = True
 
     def __init__(
         self,
@@ -231,6 +232,36 @@ class RotaryEmbedding(PositionScheme):
             torch.cat([_rotated(q[..., :r], cos, signed), q[..., r:]], dim=-1),
             torch.cat([_rotated(k[..., :r], cos, signed), k[..., r:]], dim=-1),
         )
+
+    def has_tables(self, positions: Tensor, dtype: torch.dtype) -> bool:
+        """Whether this forward's shared tables (`shared_cos_sin`) hold `positions` already:
+        an earlier layer rotated by this very tensor (and its caller checked it)."""
+        memo = _SHARED.get()
+        if memo is None:
+            return False
+        hit = memo.get((id(self), id(positions), dtype))
+        return hit is not None and hit[0] is positions
+
+    def rotate_heads_(self, heads: Tensor, count: int, positions: Tensor) -> None:
+        """`rotate` for the first `count` heads of heads (B, n, T, D), in place: a fused
+        projection's query heads then key heads, rotated in one pass (the same formula and
+        values as `rotate`, which rotates q and k apart). heads must not need a gradient."""
+        if heads.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"q head_dim {heads.shape[-1]} != RotaryEmbedding head_dim {self.head_dim}"
+            )
+        cos, signed = self._tables(positions, heads.dtype)
+        if cos.dim() == 3:  # per-row positions: (B, T, D) -> (B, 1, T, D)
+            cos, signed = cos[:, None], signed[:, None]
+        x = heads[:, :count]  # (B, count, T, D)
+        if self.rotary_dim != self.head_dim:
+            x = x[..., : self.rotary_dim]
+        D = x.shape[-1]
+        swapped = x.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2)  # (a copy: read before x)
+        if x.requires_grad and torch.is_grad_enabled():  # (out= does not record a gradient)
+            x.copy_(x * cos + swapped * signed)
+        else:
+            torch.add(x * cos, swapped * signed, out=x)
 
     def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         return self.rotate(q, k, positions)
