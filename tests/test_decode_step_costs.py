@@ -158,3 +158,78 @@ def test_compiled_generation_at_many_lengths_never_hits_the_recompile_limit():
             assert torch.equal(got, m.generate(ids, new)), (i, batch)
     torch._dynamo.reset()
     assert len(compiled) >= 11  # (a step per shape, and the prefill)
+
+
+def test_compiled_decode_step_skips_module_guards():
+    """The step is compiled without dynamo's guards on the model's modules (thousands per
+    token on a real model); the prefill keeps them. A given mode leaves torch.compile's
+    options alone (it takes one or the other)."""
+    from multihead.modules import generation as gen
+
+    cpu = torch.device("cpu")
+    step = gen._compile_args(True, cpu, step=True)
+    assert step["options"]["guard_filter_fn"] is torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    assert step["options"]["cpp.min_chunk_size"] == gen.ATEN_GRAIN_SIZE
+    assert "guard_filter_fn" not in gen._compile_args(True, cpu, step=False).get("options", {})
+    assert "options" not in gen._compile_args({"mode": "max-autotune"}, cpu, step=True)
+    mine = gen._compile_args({"options": {"max_autotune": True}}, cpu, step=True)["options"]
+    assert mine == {"guard_filter_fn": gen.STEP_GUARDS, "max_autotune": True}
+
+
+def _recorder(graphs: list[int]):
+    def recording(gm, example_inputs):
+        graphs.append(len(example_inputs))
+        return gm.forward
+
+    return recording
+
+
+def test_compiled_steps_without_module_guards_follow_each_model():
+    """With no guards on the modules, what keeps a compiled step to the model it was made for
+    is its code object, one per model and structure (`model_key`; the step reads the
+    parameters of the model it is given). Every change that alters what the step computes
+    gets a step of its own: each output equals eager. (The changes of model `b` fail with a
+    key that leaves out the structure.)"""
+    from multihead.modules.step_key import model_key
+
+    def models():
+        a = _model(num_layers=2)
+        torch.manual_seed(5)
+        b = _model(num_layers=2)  # same shapes, other weights
+        with torch.no_grad():
+            for p in b.parameters():
+                p.normal_()
+        return a, b
+
+    a, b = models()
+    assert model_key(a) == model_key(b) and model_key(a) == model_key(a)
+    graphs: list[int] = []
+    compile = {"backend": _recorder(graphs)}
+    torch._dynamo.reset()
+    ids = torch.randint(0, 53, (1, 5))
+    with torch.no_grad():
+
+        def check(m, what):
+            got = m.generate(ids, 6, compile=compile)
+            assert torch.equal(got, m.generate(ids, 6)), what
+
+        check(a, "first model")
+        check(b, "second model, same structure")
+        # untied head (the tied model's step takes one tensor for both)
+        b.head.weight = torch.nn.Parameter(torch.randn_like(b.head.weight))
+        check(b, "untied head")
+        # a weight in another memory layout, another dtype, a module of another type
+        up = b.layers[0].ffn.up
+        up.weight = torch.nn.Parameter(up.weight.detach().t().contiguous().t())
+        check(b, "column-major weight")
+        b.norm_f = torch.nn.Identity()
+        check(b, "module replaced")
+        check(b.double(), "float64")
+        # a forward hook registered on a module: traced into a new step
+        handle = a.layers[1].ffn.register_forward_hook(lambda mod, args, out: out * 3)
+        check(a, "forward hook")
+        handle.remove()
+        check(a, "hook removed")
+        a.process_weights_()
+        check(a, "process_weights_")
+    torch._dynamo.reset()
