@@ -233,3 +233,18 @@ def test_compiled_steps_without_module_guards_follow_each_model():
         a.process_weights_()
         check(a, "process_weights_")
     torch._dynamo.reset()
+
+
+def test_greedy_choice_is_argmax_with_ties_and_nan():
+    """Greedy sampling reads max(-1)'s indices (faster on CPU than argmax): the same tokens
+    as argmax, ties (first index) and NaN (taken as the largest) included."""
+    from multihead.modules.sampling import sample
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(200):
+        x = torch.randint(-3, 4, (3, 1 + 37 * i), generator=g).float()  # many ties
+        if i % 3 == 0:
+            x[torch.rand(x.shape, generator=g) < 0.02] = float("nan")
+        for dtype in (torch.float32, torch.bfloat16):
+            y = x.to(dtype)
+            assert torch.equal(sample(y, 0.0, None, None), y.argmax(-1))
