@@ -51,9 +51,9 @@ def model_key(model: nn.Module) -> tuple:
             elif k not in _MODULE_SLOTS:
                 state.append((k, _describe(v, modules, storages, 0)))
         parts.append(tuple(state))
-        for kind in ("_parameters", "_buffers"):
-            tensors = vars(module).get(kind, {})
-            parts.append((kind, *((k, _tensor(t, storages)) for k, t in tensors.items())))
+        for slot in ("_parameters", "_buffers"):
+            tensors = vars(module).get(slot, {})
+            parts.append((slot, *((k, _tensor(t, storages)) for k, t in tensors.items())))
         parts.append(("_modules", *((k, modules.get(id(m))) for k, m in module._modules.items())))
     return tuple(parts)
 
@@ -102,8 +102,8 @@ def _describe(value: Any, modules: dict[int, int], storages: dict[tuple, int], d
     if isinstance(value, dict):
         if not value:
             return (kind,)
-        items = ((repr(k), _describe(v, modules, storages, depth + 1)) for k, v in value.items())
-        return (kind, *items)
+        pairs = ((repr(k), _describe(v, modules, storages, depth + 1)) for k, v in value.items())
+        return (kind, *pairs)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
         return (kind, *((k, _describe(v, modules, storages, depth + 1)) for k, v in fields))
