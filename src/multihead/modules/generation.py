@@ -74,7 +74,8 @@ STATIC_CACHE_BUCKET = 64
 ATEN_GRAIN_SIZE = 32768
 # The compiled decode step's guard filter: no guards on the model's modules (see
 # `_compile_args`; `_step_for` keys the step by the model's structure instead).
-STEP_GUARDS = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+# (torch 2.7 and later; None: all guards, as before.)
+STEP_GUARDS = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
 
 
 def soft_cap(logits: Tensor, cap: float | None) -> Tensor:
@@ -190,7 +191,7 @@ def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bo
         elif device.type == "cpu":
             args["options"] = {"cpp.min_chunk_size": ATEN_GRAIN_SIZE}
     args = {**args, **extra}
-    if step and "mode" not in args:  # (torch.compile takes a mode or options, not both)
+    if step and "mode" not in args and STEP_GUARDS is not None:  # (a mode or options: not both)
         args["options"] = {"guard_filter_fn": STEP_GUARDS, **args.get("options", {})}
     return args
 
