@@ -158,3 +158,96 @@ def test_compiled_generation_at_many_lengths_never_hits_the_recompile_limit():
             assert torch.equal(got, m.generate(ids, new)), (i, batch)
     torch._dynamo.reset()
     assert len(compiled) >= 11  # (a step per shape, and the prefill)
+
+
+def test_compiled_decode_step_skips_module_guards():
+    """The step is compiled without dynamo's guards on the model's modules (thousands per
+    token on a real model); the prefill keeps them. A given mode leaves torch.compile's
+    options alone (it takes one or the other)."""
+    from multihead.modules import generation as gen
+
+    cpu = torch.device("cpu")
+    step = gen._compile_args(True, cpu, step=True)
+    if not hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):  # torch < 2.7
+        assert gen.STEP_GUARDS is None and "guard_filter_fn" not in step["options"]
+        return
+    assert step["options"]["guard_filter_fn"] is torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    assert step["options"]["cpp.min_chunk_size"] == gen.ATEN_GRAIN_SIZE
+    assert "guard_filter_fn" not in gen._compile_args(True, cpu, step=False).get("options", {})
+    assert "options" not in gen._compile_args({"mode": "max-autotune"}, cpu, step=True)
+    mine = gen._compile_args({"options": {"max_autotune": True}}, cpu, step=True)["options"]
+    assert mine == {"guard_filter_fn": gen.STEP_GUARDS, "max_autotune": True}
+
+
+def _recorder(graphs: list[int]):
+    def recording(gm, example_inputs):
+        graphs.append(len(example_inputs))
+        return gm.forward
+
+    return recording
+
+
+def test_compiled_steps_without_module_guards_follow_each_model():
+    """With no guards on the modules, what keeps a compiled step to the model it was made for
+    is its code object, one per model and structure (`model_key`; the step reads the
+    parameters of the model it is given). Every change that alters what the step computes
+    gets a step of its own: each output equals eager. (The changes of model `b` fail with a
+    key that leaves out the structure.)"""
+    from multihead.modules.step_key import model_key
+
+    def models():
+        a = _model(num_layers=1)
+        torch.manual_seed(5)
+        b = _model(num_layers=1)  # same shapes, other weights
+        with torch.no_grad():
+            for p in b.parameters():
+                p.normal_()
+        return a, b
+
+    a, b = models()
+    assert model_key(a) == model_key(b) and model_key(a) == model_key(a)
+    graphs: list[int] = []
+    compile = {"backend": _recorder(graphs)}
+    torch._dynamo.reset()
+    ids = torch.randint(0, 53, (1, 5))
+    with torch.no_grad():
+
+        def check(m, what):
+            got = m.generate(ids, 4, compile=compile)
+            assert torch.equal(got, m.generate(ids, 4)), what
+
+        check(a, "first model")
+        check(b, "second model, same structure")
+        # untied head (the tied model's step takes one tensor for both)
+        b.head.weight = torch.nn.Parameter(torch.randn_like(b.head.weight))
+        check(b, "untied head")
+        # a weight in another memory layout, another dtype, a module of another type
+        up = b.layers[0].ffn.up
+        up.weight = torch.nn.Parameter(up.weight.detach().t().contiguous().t())
+        check(b, "column-major weight")
+        b.norm_f = torch.nn.Identity()
+        check(b, "module replaced")
+        check(b.double(), "float64")
+        # a forward hook registered on a module: traced into a new step
+        handle = a.layers[0].ffn.register_forward_hook(lambda mod, args, out: out * 3)
+        check(a, "forward hook")
+        handle.remove()
+        check(a, "hook removed")
+        a.process_weights_()
+        check(a, "process_weights_")
+    torch._dynamo.reset()
+
+
+def test_greedy_choice_is_argmax_with_ties_and_nan():
+    """Greedy sampling reads max(-1)'s indices (faster on CPU than argmax): the same tokens
+    as argmax, ties (first index) and NaN (taken as the largest) included."""
+    from multihead.modules.sampling import sample
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(200):
+        x = torch.randint(-3, 4, (3, 1 + 37 * i), generator=g).float()  # many ties
+        if i % 3 == 0:
+            x[torch.rand(x.shape, generator=g) < 0.02] = float("nan")
+        for dtype in (torch.float32, torch.bfloat16):
+            y = x.to(dtype)
+            assert torch.equal(sample(y, 0.0, None, None), y.argmax(-1))

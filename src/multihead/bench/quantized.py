@@ -4,8 +4,9 @@ an 8B-shaped load in bounded memory (`multihead bench load --shape llama3-8b`).
 Decode: one fresh process per engine and round, engines alternating round by round (this
 machine is shared, so absolute times drift; the table gives medians of per-round ratios to
 the dequantised float32 model measured in the same round). Each child loads the file, sets
-the thread count, times a prefill of `prefill` tokens (the last position's logits) and a
-greedy decode of `new` tokens after a `prompt`-token prompt, and prints one JSON line.
+the thread count, times a prefill of `prefill` tokens (the last position's logits; the
+median of three, after one of that length) and a greedy decode of `new` tokens after a
+`prompt`-token prompt, and prints one JSON line.
 Engines: "quantized" (multihead, packed weights, float32 activations), "fp32" (multihead,
 `quantized=False`), "llama.cpp" (llama-cpp-python, only when asked: `--peer llama.cpp`).
 
@@ -86,8 +87,11 @@ if engine.endswith("compiled"):  # compiled: each cache length timed below compi
     greedy(prompt_ids, new)
 t = time.perf_counter(); greedy(prompt_ids, 1); first = time.perf_counter() - t
 t = time.perf_counter(); tokens = greedy(prompt_ids, new); total = time.perf_counter() - t
-run_prefill(prefill_ids[:64])
-t = time.perf_counter(); run_prefill(prefill_ids); pre = time.perf_counter() - t
+run_prefill(prefill_ids)  # warm up at the full length (allocations), then a median of 3
+pres = []
+for _ in range(3):
+    t = time.perf_counter(); run_prefill(prefill_ids); pres.append(time.perf_counter() - t)
+pre = sorted(pres)[1]
 print(json.dumps(dict(decode_tps=(new - 1) / max(1e-9, total - first), prefill_s=pre,
                       tokens=tokens[:8], isa=isa)))
 """

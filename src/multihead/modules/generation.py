@@ -32,6 +32,7 @@ from ..functional import masks
 from ..hook_points import hooks_for, observed
 from ..value_checks import check_token_ids
 from .sampling import check_sampling, sample
+from .step_key import model_key
 
 if TYPE_CHECKING:
     from torch import nn
@@ -71,6 +72,10 @@ MIN_STEPS_FOR_HEAD_COPY = 32
 STATIC_CACHE_BUCKET = 64
 # at::internal::GRAIN_SIZE: eager CPU ops run single-threaded below this many elements.
 ATEN_GRAIN_SIZE = 32768
+# The compiled decode step's guard filter: no guards on the model's modules (see
+# `_compile_args`; `_step_for` keys the step by the model's structure instead).
+# (torch 2.7 and later; None: all guards, as before.)
+STEP_GUARDS = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
 
 
 def soft_cap(logits: Tensor, cap: float | None) -> Tensor:
@@ -172,7 +177,11 @@ def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bo
     on CPU, generated kernels split work over threads only past aten's grain size (32768
     elements), as eager ops do: decoding runs on (B, 1, C) activations, and inductor's default
     (512 per thread) puts a fork/join around every small kernel, which cost 1.3-1.8x per step
-    on this 2-core machine while it was busy. `options` (a dict) overrides these arguments."""
+    on this 2-core machine while it was busy. `options` (a dict) overrides these arguments.
+
+    The decode step leaves out dynamo's guards on the model's modules (`STEP_GUARDS`, in
+    `options`, unless a `mode` is given): each step's code object belongs to one model
+    structure (`step_key.model_key`), which is what those guards checked at every token."""
     extra = {} if options is True else dict(options)  # type: ignore[arg-type]
     args: dict[str, Any] = {"fullgraph": True, "dynamic": not step}
     default_backend = extra.get("backend", "inductor") == "inductor"
@@ -181,18 +190,25 @@ def _compile_args(options: bool | dict[str, Any], device: torch.device, step: bo
             args["mode"] = "reduce-overhead"
         elif device.type == "cpu":
             args["options"] = {"cpp.min_chunk_size": ATEN_GRAIN_SIZE}
-    return {**args, **extra}
+    args = {**args, **extra}
+    if step and "mode" not in args and STEP_GUARDS is not None:  # (a mode or options: not both)
+        args["options"] = {"guard_filter_fn": STEP_GUARDS, **args.get("options", {})}
+    return args
 
 
 @functools.cache
-def _step_for(batch: int, length: int) -> Callable:
-    """`_decode` under a code object of its own for one (batch size, cache length). Dynamo
-    keeps compiled code per code object and, under fullgraph, fails hard past its recompile
-    limit (8): with every (batch, length) a static step of the one `_decode`, the ninth
-    length a process generated at raised. One code object per shape keeps each to its few
-    variants (dtypes, devices, models), and later calls of that shape reuse its code. (A
-    cache of functions, as torch's own cache of compiled code: nothing in it changes a
-    result.)"""
+def _step_for(batch: int, length: int, model: tuple = ()) -> Callable:
+    """`_decode` under a code object of its own for one (batch size, cache length, model
+    structure: `step_key.model_key`). Dynamo keeps compiled code per code object and, under
+    fullgraph, fails hard past its recompile limit (8): with every (batch, length) a static
+    step of the one `_decode`, the ninth length a process generated at raised. One code object
+    per shape keeps each to its few variants (dtypes, devices), and later calls of that shape
+    reuse its code. One per model structure makes it safe to compile the step without guards
+    on the model's modules (`STEP_GUARDS`): code compiled for one structure never runs on
+    another. The model's id is part of `model` too: a step binds its caches to the model's
+    attention modules (a guard on their ids), so models of one structure would otherwise pile
+    their variants into one code object, up to that limit. (A cache of functions, as torch's
+    own cache of compiled code: nothing in it changes a result.)"""
     code = _decode.__code__.replace(co_name=f"_decode_b{batch}_t{length}")
     step = types.FunctionType(code, _decode.__globals__, code.co_name, _decode.__defaults__)
     step.__doc__ = _decode.__doc__
@@ -200,15 +216,19 @@ def _step_for(batch: int, length: int) -> Callable:
 
 
 def _compiled(
-    options: bool | dict[str, Any], device: torch.device
+    options: bool | dict[str, Any], device: torch.device, model: nn.Module
 ) -> tuple[Callable, Callable[[int, int], Callable]]:
     """The prefill, and the decode step of a (batch, cache length), under torch.compile
-    (see `_compile_args`)."""
+    (see `_compile_args`); the model's structure is read here, once per call."""
     prefill = torch.compile(_prefill, **_compile_args(options, device, step=False))
     step_args = _compile_args(options, device, step=True)
+    key = (id(model), model_key(model))  # (each model's steps apart: see `_step_for`)
 
     def decode_for(batch: int, length: int) -> Callable:
-        return torch.compile(_step_for(batch, length), **step_args)
+        args = dict(step_args)
+        if "options" in args:  # (torch.compile pops the guard filter out of its options)
+            args["options"] = dict(args["options"])
+        return torch.compile(_step_for(batch, length, key), **args)
 
     return prefill, decode_for
 
@@ -285,7 +305,7 @@ def generate_stream(
         )
     device = prompt_ids.device
     every = eos_check_every or (1 if device.type == "cpu" else 8)
-    steps = _compiled(compile, device) if compile is not False else None
+    steps = _compiled(compile, device, model) if compile is not False else None  # type: ignore[arg-type]
     return _stream(
         model,
         prompt_ids,

