@@ -244,3 +244,25 @@ def test_modules_called_as_their_forward_only_when_nothing_watches_the_call():
     finally:
         h.remove()
     assert block_calls == [torch.Size([2, 6, 24])]
+
+
+def test_a_compiled_child_module_keeps_its_compiled_call():
+    """`Module.compile()` puts the compiled call in `__call__`: such a child is not called as
+    its bare forward (its compiled code runs, seen through a backend that counts calls)."""
+    m = _lm()
+    ids = torch.randint(0, 41, (2, 6))
+    with torch.no_grad():
+        plain = m(ids)
+    runs: list[int] = []
+
+    def counting(gm, example_inputs):
+        def run(*args):
+            runs.append(1)
+            return gm(*args)
+
+        return run
+
+    m.layers[1].compile(backend=counting)
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids), plain, rtol=1e-6, atol=1e-6)
+    assert runs, "the compiled layer's code never ran"

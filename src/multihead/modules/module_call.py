@@ -1,6 +1,7 @@
 """Calling a child module as its `forward`, where `Module.__call__` would add nothing: no hooks
 of its own or global (forward or backward), no forward set on the instance (accelerate's hooks
-replace `module.forward`), no TorchScript tracing. A decode step's plain paths call a few
+replace `module.forward`), no `Module.compile()` (its compiled call lives in `__call__`), no
+TorchScript tracing. A decode step's plain paths call a few
 children per layer; measured on SmolLM2's eager step (one thread, in one process), `__call__`
 around the norms, attention and MLP cost ~2 ms of ~34 per token.
 """
@@ -29,6 +30,7 @@ def bare(*modules: nn.Module | None) -> bool:
             or m._backward_hooks
             or m._backward_pre_hooks
             or "forward" in m.__dict__
+            or m._compiled_call_impl is not None
         ):
             return False
     return True
