@@ -87,9 +87,10 @@ def band_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("hkv", [H, 1])
-def test_a_held_causal_window_runs_the_band_fast_path(band_calls, causal, hkv):
+@pytest.mark.parametrize("causal, hkv", [(True, H), (False, 1)])
+@pytest.mark.parametrize("held", [True, False])
+def test_a_causal_window_mask_mod_runs_the_band_fast_path(band_calls, causal, hkv, held):
+    # held: read from the plan's classification; bare: from the call's own
     W, n = 20, 96  # (blocks of 32: the band runs blocks 1 and 2, the rest its edges)
 
     def fn(b, h, q, k):
@@ -98,7 +99,8 @@ def test_a_held_causal_window_runs_the_band_fast_path(band_calls, causal, hkv):
     plan = block_mask(fn, None, None, n, n, block_size=32)
     assert plan.window == W - 1 and f"a causal window of {W}" in repr(plan)
     q, k, v = qkv(n, n, hkv)
-    out = attention(q, k, v, causal=causal, mask_mod=plan, backend="tiled")
+    given = {"mask_mod": plan} if held else {"mask_mod": fn, "block_size": 32}
+    out = attention(q, k, v, causal=causal, backend="tiled", **given)
     assert band_calls["band"] > 0 and band_calls["spans"] == 0
     ref, _ = reference_attention(q, k, v, mask=dense_from(fn, n, n, heads=1), causal=causal)
     check(out, ref, (q, k, v))
@@ -106,23 +108,25 @@ def test_a_held_causal_window_runs_the_band_fast_path(band_calls, causal, hkv):
 
 
 @pytest.mark.parametrize(
-    "fn",
+    "fn, heads",
     [
-        lambda b, h, q, k: (k <= q) & (q - k < 20) & (k != 37),  # one key missing
-        lambda b, h, q, k: (k <= q + 1) & (q - k < 20),  # one key past the diagonal
-        lambda b, h, q, k: (k <= q) & (q - k < 20 + h),  # wider for later heads
-        lambda b, h, q, k: (q - k).abs() < 20,  # bidirectional
+        (lambda b, h, q, k: (k <= q) & (q - k < 20) & (k != 37), 1),  # one key missing
+        (lambda b, h, q, k: (k <= q + 1) & (q - k < 20), 1),  # one key past the diagonal
+        (lambda b, h, q, k: (k <= q) & (q - k < 20 + h), H),  # wider for later heads
+        (lambda b, h, q, k: (q - k).abs() < 20, 1),  # bidirectional
     ],
 )
-def test_anything_but_exactly_a_causal_window_stays_on_the_general_plan(band_calls, fn):
-    n = 64
-    plan = block_mask(fn, None, H, n, n, block_size=16)
+def test_anything_but_exactly_a_causal_window_stays_on_the_general_plan(band_calls, fn, heads):
+    n = 96  # (as above: a window of 20 here would run the band)
+    plan = block_mask(fn, None, H, n, n, block_size=32)
     assert plan.window is None
     q, k, v = qkv(n, n)
-    out = attention(q, k, v, mask_mod=plan, backend="tiled")
-    assert band_calls["band"] == 0
-    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, n, n))
-    check(out, ref, (q, k, v))
+    dense = dense_from(fn, n, n, heads=heads)
+    for given in ({"mask_mod": plan}, {"mask_mod": fn, "block_size": 32}):
+        out = attention(q, k, v, backend="tiled", **given)
+        ref, _ = reference_attention(q, k, v, mask=dense)
+        assert band_calls["band"] == 0
+        check(out, ref, (q, k, v))
 
 
 def test_the_module_takes_a_held_plan():

@@ -35,7 +35,7 @@ from torch import Tensor
 from ..value_checks import may_read
 from .mask_mod import DEFAULT_BLOCK, TileClassifier, check_block_size
 from .structure import MaskMod, Structure, structure_mask
-from .tile_plan import FULL, NONE, PARTIAL
+from .tile_plan import FULL, NONE, PARTIAL, Tile
 
 
 def _dim(name: str, value: object, allow_none: bool) -> int | None:
@@ -202,13 +202,23 @@ def _run_rows(classify, count: int, device: torch.device) -> None:
 
 
 def _causal_window(plan: MaskPlan) -> int | None:
-    """L when the plan's mask is exactly the causal window of L + 1 keys (query at position p
-    sees keys p - L .. p, for every batch row and head), from the held classification; None
-    otherwise (or where a partial tile's mask was not kept)."""
-    kinds, masks = plan.kinds, plan.masks
-    assert kinds is not None
-    (bq, bk), tq, tk = plan.block, plan.q_len, plan.kv_len
-    offset = tk - tq
+    """The held plan's causal window (see `causal_window`)."""
+    assert plan.kinds is not None
+    return causal_window(plan.kinds, plan.masks, plan.block, plan.q_len, plan.kv_len)
+
+
+def causal_window(
+    kinds: list[list[int]],
+    masks: dict[tuple[int, int, int, int], Tensor],
+    block: tuple[int, int],
+    tq: int,
+    tk: int,
+) -> int | None:
+    """L when a classified (tq, tk) grid in tiles of `block` (kinds per query block and key
+    block; the partial tiles' masks by (q0, q1, k0, k1)) is exactly the causal window of
+    L + 1 keys (query at position p sees keys p - L .. p, for every batch row and head);
+    None otherwise, or where a partial tile's mask was not kept."""
+    (bq, bk), offset = block, tk - tq
     # L from the last query's row: its allowed keys are p - L .. p
     qi = (tq - 1) // bq
     q0, q1 = qi * bq, min(qi * bq + bq, tq)
@@ -226,6 +236,7 @@ def _causal_window(plan: MaskPlan) -> int | None:
     if left < 0:
         return None
     window = Structure(window=(left, 0))
+    exact: dict[tuple[int, int, int], Tensor] = {}  # by (position - key, rows, keys): repeats
     for qi, row in enumerate(kinds):
         q0, q1 = qi * bq, min(qi * bq + bq, tq)
         p0, p1 = q0 + offset, q1 - 1 + offset
@@ -244,8 +255,51 @@ def _causal_window(plan: MaskPlan) -> int | None:
                 mask = masks.get((q0, q1, k0, k1))
                 if mask is None:
                     return None
-                exact = structure_mask(window, True, q0, q1, k0, k1, tq, tk, mask.device)
-                assert exact is not None
-                if not torch.equal(*torch.broadcast_tensors(mask, exact)):
+                shape = (p0 - k0, q1 - q0, k1 - k0)
+                if shape not in exact:
+                    tile = structure_mask(window, True, q0, q1, k0, k1, tq, tk, mask.device)
+                    assert tile is not None
+                    exact[shape] = tile
+                if not torch.equal(*torch.broadcast_tensors(mask, exact[shape])):
                     return None
     return left
+
+
+def window_of_rows(
+    rows: list[list[Tile]],
+    masks: dict[tuple[int, int, int, int], Tensor],
+    causal: bool,
+    block: tuple[int, int],
+    tq: int,
+    tk: int,
+) -> int | None:
+    """`causal_window` of a call's plan rows (`tile_plan.plan_tiles` with a mask_mod
+    classified for this call and no other structure; causality cut into the tiles it
+    touches): L when the call's mask is exactly a causal window, else None."""
+    bq, bk = block
+    kinds = [[NONE] * -(-tk // bk) for _ in range(-(-tq // bq))]
+    cut: dict[tuple[int, int, int, int], Tensor] = {}
+    free, offset = Structure(), tk - tq
+    causality: dict[tuple[int, int, int], Tensor | None] = {}  # by (position - key, rows, keys)
+    for qi, tiles in enumerate(rows):
+        for t in tiles:
+            if t.full:  # (adjacent full tiles are merged: every key block of it)
+                for ki in range(t.k0 // bk, -(-t.k1 // bk)):
+                    kinds[qi][ki] = FULL
+                continue
+            key = (t.q0, t.q1, t.k0, t.k1)
+            shape = (t.q0 + offset - t.k0, t.q1 - t.q0, t.k1 - t.k0)
+            if shape not in causality:
+                causality[shape] = structure_mask(free, causal, *key, tq, tk, torch.device("cpu"))
+            allowed = causality[shape]
+            if t.mod:
+                own = masks.get(key)
+                if own is None:
+                    return None
+                allowed = own if allowed is None else allowed & own
+            if allowed is None:
+                kinds[qi][t.k0 // bk] = FULL
+            else:
+                kinds[qi][t.k0 // bk] = PARTIAL
+                cut[key] = allowed
+    return causal_window(kinds, cut, block, tq, tk)

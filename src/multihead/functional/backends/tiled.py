@@ -29,7 +29,7 @@ from ..call import AttentionCall, variant_reasons
 from ..dropout_mask import dropout_keep_mask
 from ..first_order import first_order
 from ..mask_mod import TileClassifier, mod_mask
-from ..mask_plan import MaskPlan
+from ..mask_plan import MaskPlan, window_of_rows
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_rows, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
@@ -115,10 +115,13 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
     rows = []
+    if band is None and segments is None and prefix_p is None:
+        rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
+        if fused and isinstance(kind, TileClassifier):
+            band = _classified_band(kind, rows, structure, call.causal, block, mask, bias, q, k)
+            rows = [] if band is not None else rows
     if band is not None:
         block = band.block
-    elif segments is None and prefix_p is None:
-        rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
     indexed = list(enumerate(rows))  # (query block index, its tiles)
     rows_per_block = block_rows(block)
     # rows whose tiles make one span run as batched spans (tile_spans.py): fused, no dropout,
@@ -174,6 +177,16 @@ def _plan(structure, causal, B, H, tq, tk, block, kind, q, k, v) -> list[list[Ti
     with torch.no_grad():
         run([functools.partial(unit, j) for j in range(len(groups))], n)
     return [row for part in parts for row in part]
+
+
+def _classified_band(kind, rows, structure, causal, block, mask, bias, q, k) -> BandPlan | None:
+    """The band fast path's plan where a mask_mod classified by this call (no window,
+    documents, prefix, mask or bias beside it) is exactly a causal window, else None."""
+    if not kind.readable or mask is not None or bias is not None or not _mod_alone(structure):
+        return None
+    pair = (block, block) if isinstance(block, int) else block
+    left = window_of_rows(rows, kind.masks, causal, pair, q.shape[2], k.shape[2])
+    return None if left is None else band_plan(Structure(window=(left, 0)), True, None, None, q, k)
 
 
 def _mod_alone(structure: Structure | None) -> bool:
