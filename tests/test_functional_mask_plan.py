@@ -204,3 +204,32 @@ def test_a_plan_is_a_mask_function_and_not_rewrapped():
     assert isinstance(again, MaskPlan) and again.mask_mod is fn
     i = torch.arange(8)
     assert torch.equal(plan(0, 0, i[:, None], i[None]), fn(0, 0, i[:, None], i[None]))
+
+
+def test_a_held_plan_keeps_its_spans_masks_for_later_calls(monkeypatch):
+    # block-diagonal: every row runs as a span; the spans' masks are assembled by the first
+    # call through the plan (per causality and dtype) and read by the later ones; a bare
+    # mask_mod assembles them on every call
+    from multihead.functional.backends import tile_spans
+
+    made: list[int] = []
+    real = tile_spans.assemble
+    monkeypatch.setattr(tiled_backend, "assemble", lambda *a: (made.append(1), real(*a))[1])
+    fn = PATTERNS["block-diagonal"]
+    plan = block_mask(fn, None, None, T, T, block_size=BLOCK)
+    q, k, v = qkv(T, T)
+    ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T, heads=1))
+    first = attention(q, k, v, mask_mod=plan, backend="tiled")
+    assert made
+    count = len(made)
+    for _ in range(2):
+        out = attention(q, k, v, mask_mod=plan, backend="tiled")
+        check(out, ref, (q, k, v))
+        ref, _ = reference_attention(q, k, v, mask=dense_from(fn, T, T, heads=1))
+    assert len(made) == count
+    assert_close(first, out)
+    attention(q, k, v, causal=True, mask_mod=plan, backend="tiled")  # another key: its own
+    attention(q.float(), k.float(), v.float(), mask_mod=plan, backend="tiled")
+    assert len(made) == 3 * count
+    attention(q, k, v, mask_mod=fn, block_size=BLOCK, backend="tiled")
+    assert len(made) == 4 * count

@@ -28,6 +28,7 @@ bk)); a partial tile's mask (B or 1, H or 1, rows, keys).
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 from torch import Tensor
@@ -71,6 +72,10 @@ class MaskPlan:
         self.kinds = kinds  # None: not read (built where reading values is not free)
         self.masks = masks
         self.window = None if kinds is None else _causal_window(self)
+        # the tiled backend's assembled span masks, per (causal, dtype): made by its first
+        # call's forward, read by every later call (see `span_cache`)
+        self._span_caches: dict[tuple[bool, torch.dtype], object] = {}
+        self._lock = threading.Lock()
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return self.mask_mod(b, h, q_idx, kv_idx)
@@ -104,6 +109,18 @@ class MaskPlan:
             return [PARTIAL] * len(keys)
         kinds = self.kinds[q0 // self.block[0]]
         return [kinds[k0 // self.block[1]] for k0, _ in keys]
+
+    def span_cache(self, key: tuple[bool, torch.dtype]):
+        """The tiled backend's cache of this plan's span masks for calls of `key` = (causal,
+        dtype) with no other structure (`backends.tile_spans.SpanCache`), made on first use;
+        it lives, and its memory goes, with the plan."""
+        from .backends.tile_spans import SpanCache  # (below us in the package)
+
+        with self._lock:
+            cache = self._span_caches.get(key)
+            if cache is None:
+                cache = self._span_caches[key] = SpanCache()
+            return cache
 
     def serves(self, device: torch.device) -> bool:
         """Whether its classification serves a call on `device` (evaluated there)."""

@@ -136,7 +136,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     prefix_t = prefix if isinstance(prefix, Tensor) else None
     setup = _Setup(
         indexed, block, band, segments, prefix_p, structure, call.causal, call.scale, dropout,
-        spans, {} if kind is None else kind.masks, SpanCache(),
+        spans, {} if kind is None else kind.masks, _span_cache(kind, structure, call.causal, q),
     )  # fmt: skip
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
     # projections those are strided views, slower to read tile by tile than one contiguous
@@ -177,6 +177,15 @@ def _plan(structure, causal, B, H, tq, tk, block, kind, q, k, v) -> list[list[Ti
     with torch.no_grad():
         run([functools.partial(unit, j) for j in range(len(groups))], n)
     return [row for part in parts for row in part]
+
+
+def _span_cache(kind, structure: Structure | None, causal: bool, q: Tensor) -> SpanCache:
+    """Where the spans' assembled masks live: on a held plan with nothing beside it (they
+    follow from the plan, causality and dtype alone: assembled once, in its first call's
+    forward), else on this call."""
+    if isinstance(kind, MaskPlan) and _mod_alone(structure):
+        return kind.span_cache((causal, q.dtype))
+    return SpanCache()
 
 
 def _classified_band(kind, rows, structure, causal, block, mask, bias, q, k) -> BandPlan | None:
