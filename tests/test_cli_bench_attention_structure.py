@@ -117,6 +117,12 @@ def test_the_mask_mod_case_is_the_window_as_a_mask_function():
     q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
     want = attention(q, k, v, causal=True, window=attention_structure.WINDOW)
     torch.testing.assert_close(attention(q, k, v, causal=True, **args), want)
+    # the rows time it held as a plan, built outside the rounds (its build time a cell)
+    plan_args, build_ms = attention_structure.held("mask_mod", T, args)
+    assert set(plan_args) == {"mask_mod"} and float(build_ms) >= 0
+    assert plan_args["mask_mod"].window == attention_structure.WINDOW - 1
+    torch.testing.assert_close(attention(q, k, v, causal=True, **plan_args), want)
+    assert attention_structure.held("window", T, {"window": 3}) == ({"window": 3}, "")
 
 
 def test_mask_takes_several_kinds_in_order(monkeypatch, capsys):

@@ -306,7 +306,7 @@ def make_call(
             tk=k.shape[2], device=q.device,
         )  # fmt: skip
     if mask_mod is not None or block_size is not None:
-        fn, block = check_mask_mod(mask_mod, block_size, q.shape[2], k.shape[2])
+        fn, block = check_mask_mod(mask_mod, block_size, q.shape[2], k.shape[2], *q.shape[:2])
         structure = (structure or Structure())._replace(mask_mod=fn, block=block)
     if return_weights is not True and return_weights is not False:
         check_flag("return_weights", return_weights)

@@ -26,6 +26,7 @@ last tile instead.
 from __future__ import annotations
 
 import threading
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -37,7 +38,7 @@ from .tile_plan import FULL, NONE, PARTIAL
 DEFAULT_BLOCK = 128
 
 
-def _check_block_size(block_size: object) -> tuple[int, int]:
+def check_block_size(block_size: object) -> tuple[int, int]:
     def bad() -> ValueError:
         return ValueError(
             "block_size must be a positive int or a (queries, keys) pair of positive ints, "
@@ -57,11 +58,32 @@ def _check_block_size(block_size: object) -> tuple[int, int]:
     return int(sizes[0]), int(sizes[1])
 
 
+@runtime_checkable
+class HeldPlan(Protocol):
+    """A mask function held with its classification (`mask_plan.MaskPlan`, which builds on
+    this module): its tile, and a check of a call's shapes against it."""
+
+    block: tuple[int, int]
+
+    def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor: ...
+
+    def check(
+        self, batch: int | None, heads: int | None, tq: int, tk: int, block_size: object
+    ) -> None: ...
+
+
 def check_mask_mod(
-    mask_mod: object, block_size: object, tq: int, tk: int
+    mask_mod: object,
+    block_size: object,
+    tq: int,
+    tk: int,
+    batch: int | None = None,
+    heads: int | None = None,
 ) -> tuple[MaskMod, tuple[int, int]]:
-    """Validate `mask_mod=` and `block_size=` of a call with Tq queries and Tk keys ->
-    (the function, (query block, key block)). Reads no tensor values (traceable)."""
+    """Validate `mask_mod=` and `block_size=` of a call with Tq queries and Tk keys (and
+    `batch` rows of `heads` query heads, which a held `mask_plan.MaskPlan` is checked
+    against) -> (the function, (query block, key block)). Reads no tensor values
+    (traceable)."""
     if mask_mod is None:
         raise ValueError(
             f"block_size={block_size!r} was given without mask_mod=: the block size is the "
@@ -72,9 +94,12 @@ def check_mask_mod(
             "mask_mod must be a function mask_mod(b, h, q_idx, kv_idx) -> boolean tensor, got "
             f"{type(mask_mod).__name__}"
         )
+    if isinstance(mask_mod, HeldPlan):  # a held plan: its own tile, checked against the call
+        mask_mod.check(batch, heads, tq, tk, block_size)
+        return mask_mod, mask_mod.block
     if block_size is None:  # the default leaves a shorter last tile where 128 does not divide
         return mask_mod, (DEFAULT_BLOCK, DEFAULT_BLOCK)
-    bq, bk = _check_block_size(block_size)
+    bq, bk = check_block_size(block_size)
     if tq % bq != 0 or tk % bk != 0:
         raise ValueError(
             f"block_size {block_size!r} (queries {bq}, keys {bk}) must divide the query length "

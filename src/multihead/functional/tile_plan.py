@@ -49,6 +49,11 @@ def block_size(structure: Structure | None) -> int:
     return size
 
 
+def block_rows(block: int | tuple[int, int]) -> int:
+    """Query rows per tile of a plan's `block` (an int: square; else (queries, keys))."""
+    return block if isinstance(block, int) else block[0]
+
+
 def _document_map(documents: Tensor, offset: int, tq: int, tk: int, bq: int, bk: int):
     """(query block, key block) -> NONE / PARTIAL / FULL from the blocks' id ranges, over the
     whole batch; None where reading ids is not free (then every tile is at most PARTIAL)."""

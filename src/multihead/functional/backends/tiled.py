@@ -29,8 +29,9 @@ from ..call import AttentionCall, variant_reasons
 from ..dropout_mask import dropout_keep_mask
 from ..first_order import first_order
 from ..mask_mod import TileClassifier, mod_mask
+from ..mask_plan import MaskPlan, window_of_rows
 from ..structure import Structure, structure_mask
-from ..tile_plan import Tile, block_size, plan_tiles
+from ..tile_plan import Tile, block_rows, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 from .tile_band import BandPlan, band_backward, band_forward, band_plan
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
@@ -97,20 +98,32 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     if call.dropout_p > 0.0:
         dropout = (call.dropout_p, _draw_seed())
     fused = kernel_runs(q, v) and dropout is None
+    kind: TileClassifier | MaskPlan | None = None
+    block: int | tuple[int, int] = block_size(structure)
+    if structure is not None and structure.mask_mod is not None and structure.block is not None:
+        # A mask_mod's tiles: classified where reading is free, from a held plan's
+        # classification (`mask_plan.block_mask`) or here, evaluated one strip at a time.
+        block, held = structure.block, structure.mask_mod
+        if isinstance(held, MaskPlan) and held.serves(q.device):
+            kind = held
+        else:
+            kind = TileClassifier(held, B, H, tq, tk, q.device, may_read(q))
     band = band_plan(structure, call.causal, mask, bias, q, k) if fused else None
+    if fused and isinstance(kind, MaskPlan) and kind.window is not None and _mod_alone(structure):
+        # the held plan is exactly a causal window: the band fast path, as for window=
+        band = band_plan(Structure(window=(kind.window, 0)), True, mask, bias, q, k)
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
-    block: int | tuple[int, int] = band.block if band is not None else block_size(structure)
-    kind = None
-    if structure is not None and structure.mask_mod is not None and structure.block is not None:
-        # A mask_mod's tiles: evaluated one at a time, classified where reading is free.
-        block = structure.block
-        kind = TileClassifier(structure.mask_mod, B, H, tq, tk, q.device, may_read(q))
     rows = []
     if band is None and segments is None and prefix_p is None:
         rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
+        if fused and isinstance(kind, TileClassifier):
+            band = _classified_band(kind, rows, structure, call.causal, block, mask, bias, q, k)
+            rows = [] if band is not None else rows
+    if band is not None:
+        block = band.block
     indexed = list(enumerate(rows))  # (query block index, its tiles)
-    rows_per_block = block if isinstance(block, int) else block[0]
+    rows_per_block = block_rows(block)
     # rows whose tiles make one span run as batched spans (tile_spans.py): fused, no dropout,
     # key mask or bias; None: tile by tile
     spans: list[Span | None] = [None] * len(rows)
@@ -123,7 +136,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     prefix_t = prefix if isinstance(prefix, Tensor) else None
     setup = _Setup(
         indexed, block, band, segments, prefix_p, structure, call.causal, call.scale, dropout,
-        spans, {} if kind is None else kind.masks, SpanCache(),
+        spans, {} if kind is None else kind.masks, _span_cache(kind, structure, call.causal, q),
     )  # fmt: skip
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
     # projections those are strided views, slower to read tile by tile than one contiguous
@@ -148,8 +161,8 @@ def _plan(structure, causal, B, H, tq, tk, block, kind, q, k, v) -> list[list[Ti
     """`plan_tiles`; a mask_mod's (whose classification evaluates it on every tile the
     structure lets through) in units of consecutive query blocks on the workers, each unit
     blocks of about equal pairs (counted first from the structure alone)."""
-    if kind is None:
-        return plan_tiles(structure, causal, B, H, tq, tk, block)
+    if kind is None or isinstance(kind, MaskPlan):  # (a held plan's kinds: a lookup)
+        return plan_tiles(structure, causal, B, H, tq, tk, block, kind)
     with torch.no_grad():  # (index tensors only: nothing for autograd to record)
         n = workers(q, k, v)
     if n <= 1:
@@ -164,6 +177,35 @@ def _plan(structure, causal, B, H, tq, tk, block, kind, q, k, v) -> list[list[Ti
     with torch.no_grad():
         run([functools.partial(unit, j) for j in range(len(groups))], n)
     return [row for part in parts for row in part]
+
+
+def _span_cache(kind, structure: Structure | None, causal: bool, q: Tensor) -> SpanCache:
+    """Where the spans' assembled masks live: on a held plan with nothing beside it (they
+    follow from the plan, causality and dtype alone: assembled once, in its first call's
+    forward), else on this call."""
+    if isinstance(kind, MaskPlan) and _mod_alone(structure):
+        return kind.span_cache((causal, q.dtype))
+    return SpanCache()
+
+
+def _classified_band(kind, rows, structure, causal, block, mask, bias, q, k) -> BandPlan | None:
+    """The band fast path's plan where a mask_mod classified by this call (no window,
+    documents, prefix, mask or bias beside it) is exactly a causal window, else None."""
+    if not kind.readable or mask is not None or bias is not None or not _mod_alone(structure):
+        return None
+    pair = (block, block) if isinstance(block, int) else block
+    left = window_of_rows(rows, kind.masks, causal, pair, q.shape[2], k.shape[2])
+    return None if left is None else band_plan(Structure(window=(left, 0)), True, None, None, q, k)
+
+
+def _mod_alone(structure: Structure | None) -> bool:
+    """A mask_mod and no window, documents or prefix beside it."""
+    return (
+        structure is not None
+        and structure.window is None
+        and structure.documents is None
+        and structure.prefix is None
+    )
 
 
 def _mask_heads(structure: Structure | None, kind, B: int, H: int) -> int:
@@ -362,7 +404,7 @@ def _plan_rows_forward(setup: _Setup, rows, q, k, v, mask, bias, out, lse) -> No
     B, H, tq, _ = q.shape
     tk = k.shape[2]
     fused = kernel_runs(q, v) and dropout is None
-    rows_per_block = block if isinstance(block, int) else block[0]
+    rows_per_block = block_rows(block)
     for span_run in runs(rows, setup.spans, rows_per_block):
         allowed = _span_mask(setup, span_run, q, tk)
         run_forward(span_run, allowed, q, k, v, scale, out, lse)
@@ -515,7 +557,7 @@ def _plan_rows_backward(
     tk = k.shape[2]
     want_bias = dbias is not None
     block = setup.block
-    for span_run in runs(rows, setup.spans, block if isinstance(block, int) else block[0]):
+    for span_run in runs(rows, setup.spans, block_rows(block)):
         allowed = _span_mask(setup, span_run, q, tk)
         run_backward(span_run, allowed, q, k, v, grad_out, out, lse, scale, dq, dk, dv)
     tiled_rows = (tiles for i, tiles in rows if setup.spans[i] is None)
