@@ -125,6 +125,25 @@ def test_the_mask_mod_case_is_the_window_as_a_mask_function():
     assert attention_structure.held("window", T, {"window": 3}) == ({"window": 3}, "")
 
 
+def test_the_documents_mod_case_is_the_documents_as_a_general_plan():
+    import torch
+
+    from multihead import attention
+
+    T = 1024
+    args = attention_structure.structure_args("documents_mod", T)
+    q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+    want = attention(q, k, v, causal=True, **attention_structure.structure_args("documents", T))
+    torch.testing.assert_close(attention(q, k, v, causal=True, **args), want)
+    plan_args, build_ms = attention_structure.held("documents_mod", T, args)
+    assert float(build_ms) >= 0
+    assert plan_args["mask_mod"].window is None  # not a window: the general plan runs it
+    torch.testing.assert_close(attention(q, k, v, causal=True, **plan_args), want)
+    assert attention_structure.allowed_pairs("documents_mod", T) == int(
+        attention_structure.dense_mask("documents_mod", T).sum()
+    )
+
+
 def test_mask_takes_several_kinds_in_order(monkeypatch, capsys):
     from multihead.cli import bench_attention
 

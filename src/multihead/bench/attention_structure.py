@@ -13,7 +13,9 @@ Shapes: the function at q/k/v (1, 8, T, 64); the module at width 512, 8 heads, (
 `mask_mod` is the causal window given as a mask function (tiles of 128), held as a plan built
 once outside the timed rounds (`functional.block_mask`, as flex's BlockMask is; its build time
 is a column, beside create_block_mask's, and the bare function classified on every call is one
-more contender of the function rows).
+more contender of the function rows). A plan that is exactly a causal window runs the band, as
+`window=` does; so `documents_mod`, the documents case as a mask function held the same way,
+measures the general tile plan, which no fast path recognises.
 
 Targets (issue 41): the function within 2x of its ideal (3x beside a busy process), the module
 within 1.2x of its projection-aware ideal.
@@ -35,7 +37,8 @@ from ..modules import MultiHeadAttention
 from ..table import format_table
 from .timing import environment, measure_rounds, median_ratio
 
-MASKS = ("window", "documents", "prefix", "mask_mod")
+MASKS = ("window", "documents", "prefix", "mask_mod", "documents_mod")
+MOD_KINDS = ("mask_mod", "documents_mod")  # given as mask functions, held as plans
 WINDOW, DOCUMENTS = 256, 8
 FUNCTION_T, MODULE_T = (4096, 8192), (1024, 4096)
 QUICK_FUNCTION_T, QUICK_MODULE_T = (1024,), (1024,)
@@ -48,12 +51,24 @@ def _window_mod(b, h, q_idx, kv_idx):
     return (kv_idx <= q_idx) & (q_idx - kv_idx < WINDOW)
 
 
+def _documents_mod(T: int) -> Callable:
+    """The documents case (DOCUMENTS equal causal documents) as a mask function."""
+    ids = torch.arange(DOCUMENTS).repeat_interleave(T // DOCUMENTS)  # (T,)
+
+    def documents(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (ids[q_idx] == ids[kv_idx])
+
+    return documents
+
+
 def structure_args(kind: str, T: int, B: int = 1) -> dict:
     """The `attention()` arguments of one benchmark case (all causal)."""
     if kind == "window":
         return {"window": WINDOW}
     if kind == "mask_mod":
         return {"mask_mod": _window_mod, "block_size": MOD_BLOCK}
+    if kind == "documents_mod":
+        return {"mask_mod": _documents_mod(T), "block_size": MOD_BLOCK}
     if kind == "documents":
         ids = torch.arange(DOCUMENTS).repeat_interleave(T // DOCUMENTS)  # (T,)
         return {"documents": ids[None].expand(B, T)}
@@ -66,7 +81,7 @@ def allowed_pairs(kind: str, T: int) -> int:
     """Query-key pairs a causal call of this kind allows (counted per row)."""
     if kind in ("window", "mask_mod"):
         return sum(min(i + 1, WINDOW) for i in range(T))
-    if kind == "documents":
+    if kind in ("documents", "documents_mod"):
         n = T // DOCUMENTS
         return DOCUMENTS * n * (n + 1) // 2
     P = T // 4
@@ -77,8 +92,8 @@ def dense_mask(kind: str, T: int) -> torch.Tensor:
     """The (1 or B, 1, T, T) boolean mask the structure replaces (causal included)."""
     if kind in ("window", "mask_mod"):
         return masks.sliding_window(T, T, WINDOW)
-    if kind == "documents":
-        ids = structure_args(kind, T)["documents"]
+    if kind in ("documents", "documents_mod"):
+        ids = structure_args("documents", T)["documents"]
         return (ids[:, :, None] == ids[:, None, :])[:, None] & masks.causal(T)
     P = T // 4
     mask = masks.causal(T)
@@ -107,7 +122,7 @@ def _timed(build: Callable[[], T_]) -> tuple[T_, float]:
 def held(kind: str, T: int, args: dict) -> tuple[dict, str]:
     """The `mask_mod` case's arguments with the function held as a plan (block_mask, built
     here, outside the timed rounds) and the build's milliseconds; other kinds as given."""
-    if kind != "mask_mod":
+    if kind not in MOD_KINDS:
         return args, ""
     plan, seconds = _timed(
         lambda: block_mask(args["mask_mod"], None, None, T, T, block_size=args["block_size"])
@@ -129,7 +144,7 @@ def _flex(kind: str, q, k, v) -> tuple[Callable[[], object], float] | str:
     def mask_mod(b, h, i, j):
         if kind in ("window", "mask_mod"):
             return (j <= i) & (i - j < WINDOW)
-        if kind == "documents":
+        if kind in ("documents", "documents_mod"):
             return (j <= i) & (ids[i] == ids[j])
         return (j <= i) | ((i < P) & (j < P))
 
@@ -163,7 +178,7 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
         "dense sdpa": _train(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)),
         "structured fwd": lambda: _no_grad(lambda: attention(q, k, v, causal=True, **args)),
     }
-    if kind == "mask_mod":  # the bare function, classified on every call
+    if kind in MOD_KINDS:  # the bare function, classified on every call
         fns["per call"] = _train(lambda: attention(q, k, v, causal=True, **bare))
     flex = _flex(kind, q, k, v)
     if not isinstance(flex, str):
@@ -266,7 +281,9 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         f"window = {WINDOW}; documents = {DOCUMENTS} equal causal documents; prefix = T/4; "
         f"mask_mod = the window as a mask function, tiles of {MOD_BLOCK}, held as a plan "
         "(block_mask, built outside the rounds: plan build ms; flex build ms: its "
-        "create_block_mask; per-call mod ms: the bare function, classified every call).",
+        "create_block_mask; per-call mod ms: the bare function, classified every call); "
+        "documents_mod = the documents as a mask function, held the same way (the general "
+        "tile plan: no fast path recognises it).",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
         "projections + that share of the causal attention), per round; /ideal = the median "
         "over rounds of structured / ideal; dense-mask = SDPA under the "

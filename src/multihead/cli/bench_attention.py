@@ -16,7 +16,13 @@ REPEATS = 7  # samples per contender
 QUICK_REPEATS = 3
 
 
-MASKS = ("window", "documents", "prefix", "mask_mod")  # (bench.attention_structure.MASKS)
+MASKS = (
+    "window",
+    "documents",
+    "prefix",
+    "mask_mod",
+    "documents_mod",
+)  # (bench.attention_structure.MASKS)
 
 
 def mask_kinds(text: str) -> tuple[str, ...]:
