@@ -152,6 +152,10 @@ def _flex(kind: str, q, k, v) -> tuple[Callable[[], object], float] | str:
         block, build = _timed(
             lambda: create_block_mask(mask_mod, None, None, T, T, device=str(q.device))
         )
+        # Every row compiles flex_attention's one code object anew (its own shapes and mask):
+        # past dynamo's recompile limit (8) a later row would silently time flex's unfused
+        # eager fallback, so each row starts from an empty compile cache (rows share nothing).
+        torch._dynamo.reset()
         compiled = torch.compile(flex_attention, dynamic=False)
         qd, kd, vd = q.detach(), k.detach(), v.detach()
 
