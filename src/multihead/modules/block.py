@@ -366,32 +366,24 @@ class TransformerBlock(nn.Module):
         where the general path's bookkeeping cost ~3% of SmolLM2's step): a pre-norm block
         (norms before the branches only) without cross-attention, hooks of its own, mask,
         structure or weights, whose dropout is the identity (eval mode, or p = 0). Children
-        are called as modules, so their hooks (multihead's and torch's) fire as on the
-        general path, and the values are the general path's."""
+        are called as modules, or as their forward where `Module.__call__` adds nothing
+        (`module_call.bare`), so their hooks (multihead's and torch's) fire as on the general
+        path, and the values are the general path's."""
         layers: dict[str, Any] = self._modules
         attn, ffn = layers["attn"], layers.get("ffn")  # (None: not registered)
         points = None if cache is None else checkpoints(cache)
         norm1, norm2 = layers.get("norm1"), layers.get("norm2")
-        if bare(norm1, attn, norm2, ffn):  # (calls of their forward: see module_call)
-            a = attn.forward(
-                x if norm1 is None else norm1.forward(x), cache=cache, positions=positions
-            )
-            if ffn is None:
-                return x + a
-            try:  # (self-attention appended to its cache: a failure below undoes that)
-                h = x if self.parallel else x + a
-                m = ffn.forward(h if norm2 is None else norm2.forward(h))
-            except (ValueError, TypeError):
-                if points is not None:
-                    roll_back(points)
-                raise
-            return (x + a) + m if self.parallel else h + m
-        a = attn(x if norm1 is None else norm1(x), cache=cache, positions=positions)
+        direct = bare(norm1, attn, norm2, ffn)  # (call their forward: see module_call)
+
+        def call(m: nn.Module) -> Callable[..., Tensor]:
+            return m.forward if direct else m
+
+        a = call(attn)(x if norm1 is None else call(norm1)(x), cache=cache, positions=positions)
         if ffn is None:
             return x + a
-        try:
+        try:  # (self-attention appended to its cache: a failure below undoes that)
             h = x if self.parallel else x + a
-            m = ffn(h if norm2 is None else norm2(h))
+            m = call(ffn)(h if norm2 is None else call(norm2)(h))
         except (ValueError, TypeError):
             if points is not None:
                 roll_back(points)
