@@ -159,18 +159,19 @@ def test_mask_takes_several_kinds_in_order(monkeypatch, capsys):
         assert err.count("\n") == 1
 
 
-def test_flex_column_stays_compiled_row_after_row(monkeypatch, recwarn):
+def test_flex_column_stays_compiled_row_after_row(recwarn):
     """Each row compiles flex_attention anew; past dynamo's recompile limit a row would time
     flex's unfused eager fallback (it warns that it runs without torch.compile). With the
     limit at 1, a second row of another shape and mask still runs compiled code."""
     import torch
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    for kind, T in (("window", 256), ("documents", 512)):
-        q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
-        flex = attention_structure._flex(kind, q, k, v)
-        assert not isinstance(flex, str), flex
-        run, build_seconds = flex
-        run()
-        assert build_seconds >= 0
+    # (dynamo's own scoped patch: monkeypatch's undo deletes the config entry)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for kind, T in (("window", 256), ("documents", 512)):
+            q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+            flex = attention_structure._flex(kind, q, k, v)
+            assert not isinstance(flex, str), flex
+            run, build_seconds = flex
+            run()
+            assert build_seconds >= 0
     assert not [w for w in recwarn if "without torch.compile" in str(w.message)]
