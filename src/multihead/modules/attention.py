@@ -286,6 +286,9 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
             and (cache is None or type(cache) is KVCache)
             and self._sequence_parallel is None
             and self._plain_position
+            # (traced, a rotating scheme takes the general path: the plain path's in-place
+            # rotation of the projection's view, appended to a cache, fails dynamo's checks)
+            and not (self._rotates and torch.compiler.is_compiling())
             and self.packed
             and not self._variant
             and isinstance(query, Tensor)

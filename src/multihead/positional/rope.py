@@ -235,7 +235,10 @@ class RotaryEmbedding(PositionScheme):
 
     def has_tables(self, positions: Tensor, dtype: torch.dtype) -> bool:
         """Whether this forward's shared tables (`shared_cos_sin`) hold `positions` already:
-        an earlier layer rotated by this very tensor (and its caller checked it)."""
+        an earlier layer rotated by this very tensor (and its caller checked it). Traced:
+        False (the tables are not shared there, and dynamo cannot read a context variable)."""
+        if torch.compiler.is_compiling():
+            return False
         memo = _SHARED.get()
         if memo is None:
             return False
