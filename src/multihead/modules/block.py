@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
-from torch.nn.modules import module as _module
 
 from ..functional.mask_mod import MaskMod
 from ..functional.varlen import VarLen
@@ -465,15 +464,11 @@ def _family_options(config) -> dict:
 
 def _identity(dropout: nn.Module) -> bool:
     """Whether calling the block's dropout changes nothing and shows nothing: eval mode or
-    p = 0, no forward set on the instance, no hooks (its own or global)."""
+    p = 0, and `module_call.bare` (no hooks of its own or global, no instance forward)."""
     return (
         type(dropout) is nn.Dropout
         and (not dropout.training or dropout.p == 0)
-        and not dropout._forward_hooks
-        and not dropout._forward_pre_hooks
-        and "forward" not in dropout.__dict__
-        and not _module._global_forward_hooks
-        and not _module._global_forward_pre_hooks
+        and bare(dropout)  # (nothing watches its call: see module_call)
     )
 
 

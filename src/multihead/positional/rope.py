@@ -215,15 +215,21 @@ class RotaryEmbedding(PositionScheme):
             cos, sin = cos * self.attention_scale, sin * self.attention_scale
         return cos.to(dtype), sin.to(dtype)
 
-    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """q (B, H, T, D), k (B, Hkv, T, D); positions (T,) or (B, T) of those T tokens."""
-        if q.shape[-1] != self.head_dim:
+    def _head_tables(self, heads: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """`_tables` for heads (B, n, T, D), after checking their D: broadcastable over the
+        heads ((T, D), or (B, 1, T, D) for per-row positions)."""
+        if heads.shape[-1] != self.head_dim:
             raise ValueError(
-                f"q head_dim {q.shape[-1]} != RotaryEmbedding head_dim {self.head_dim}"
+                f"q head_dim {heads.shape[-1]} != RotaryEmbedding head_dim {self.head_dim}"
             )
-        cos, signed = self._tables(positions, q.dtype)
+        cos, signed = self._tables(positions, heads.dtype)
         if cos.dim() == 3:  # per-row positions: (B, T, D) -> (B, 1, T, D)
             cos, signed = cos[:, None], signed[:, None]
+        return cos, signed
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B, H, T, D), k (B, Hkv, T, D); positions (T,) or (B, T) of those T tokens."""
+        cos, signed = self._head_tables(q, positions)
         r = self.rotary_dim
         if r == self.head_dim:
             return _rotated(q, cos, signed), _rotated(k, cos, signed)
@@ -249,13 +255,7 @@ class RotaryEmbedding(PositionScheme):
         """`rotate` for the first `count` heads of heads (B, n, T, D), in place: a fused
         projection's query heads then key heads, rotated in one pass (the same formula and
         values as `rotate`, which rotates q and k apart). heads must not need a gradient."""
-        if heads.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"q head_dim {heads.shape[-1]} != RotaryEmbedding head_dim {self.head_dim}"
-            )
-        cos, signed = self._tables(positions, heads.dtype)
-        if cos.dim() == 3:  # per-row positions: (B, T, D) -> (B, 1, T, D)
-            cos, signed = cos[:, None], signed[:, None]
+        cos, signed = self._head_tables(heads, positions)
         x = heads[:, :count]  # (B, count, T, D)
         if self.rotary_dim != self.head_dim:
             x = x[..., : self.rotary_dim]
