@@ -24,7 +24,14 @@ and use torch's GEMM (same values, slower).
 Per call, `rows` (the activations' rows, M) picks the path: the kernel at M <= KERNEL_MAX_ROWS,
 above that the whole matrix is dequantised once into a temporary and multiplied by MKL's GEMM,
 which wins once the dequantisation is shared by enough rows (`multihead bench decode` prints
-both; the crossover is stated in docs/performance.md).
+both; the crossover is stated in docs/performance.md). `dense_mm` is that path: the C
+dequantiser writes straight into one float32 buffer owned by the call (the buffers' addresses
+from the matrix's cached plan, no per-call slicing or checks), and one GEMM reads it; a
+matrix above _TILE_ELEMENTS values goes through `_tiled` instead. Measured on a 512-token
+SmolLM2 prefill and kept out: GEMMs over L2-sized tiles of rows (`torch.mm(..., out=y[:, a:b])`:
+3-10% slower GEMMs at M = 512, x is repacked per tile, which costs more than the dequantised
+values' trip through L3), non-temporal stores in the dequantiser (slower: the GEMM then reads
+from DRAM) and a table lookup (vpermps) dequantiser (no faster: it is bound by stores).
 """
 
 from __future__ import annotations
@@ -637,6 +644,10 @@ def _cpu_contiguous(qs: Tensor, scale: Tensor, zero: Tensor | None = None) -> bo
 # -- products -------------------------------------------------------------------------------
 
 
+def _host_float32(x: Tensor) -> bool:
+    return x.dtype is torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _kernel_reads(x: Tensor) -> bool:
     """Whether the compiled kernel takes activations x (M, K): float32 on the CPU, at most
     KERNEL_MAX_ROWS rows (above that dequantise + GEMM is faster)."""
@@ -645,9 +656,12 @@ def _kernel_reads(x: Tensor) -> bool:
 
 def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
     """x (M, K) @ w^T -> (M, N), w the int4 form."""
-    args = kernel_args("int4", qs, scale, zero) if _kernel_reads(x) else None
-    if args is not None:
+    args = kernel_args("int4", qs, scale, zero) if _host_float32(x) else None
+    if args is not None and _kernel_reads(x):
         return run_kernel(x.contiguous(), args)
+    if dense_reads(x, (args,)):
+        assert args is not None
+        return dense_mm(x, True, (args,))
     return _tiled(
         x, qs.shape[0],
         lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype),
@@ -719,10 +733,48 @@ def _rows(t: Tensor | None, a: int, b: int) -> Tensor | None:
 
 def int8_mm(x: Tensor, qs: Tensor, scale: Tensor) -> Tensor:
     """x (M, K) @ w^T -> (M, N), w the int8 form."""
-    args = kernel_args("int8", qs, scale, None) if _kernel_reads(x) else None
-    if args is not None:
+    args = kernel_args("int8", qs, scale, None) if _host_float32(x) else None
+    if args is not None and _kernel_reads(x):
         return run_kernel(x.contiguous(), args)
+    if dense_reads(x, (args,)):
+        assert args is not None
+        return dense_mm(x, False, (args,))
     return _tiled(x, qs.shape[0], lambda a, b: dequantize_int8(qs[a:b], scale[a:b], x.dtype))
+
+
+def dense_mm(x: Tensor, int4: bool, plans: tuple[KernelArgs, ...]) -> Tensor:
+    """x (M, K) float32 on the CPU @ [W1; W2; ...]^T -> (M, N1 + N2 + ...): the packed matrices
+    (one form, width K; their `kernel_args`) dequantised one after another into one float32
+    buffer owned by this call, then one GEMM. Each row's value is what `x @ w.t()` gives with
+    w the dequantiser's matrix (the products of M > KERNEL_MAX_ROWS rows; see the module
+    docstring)."""
+    lib = _library()
+    assert lib is not None
+    K = plans[0].k
+    w = torch.empty(sum(p.n for p in plans), K)
+    threads = torch.get_num_threads()
+    at = w.data_ptr()
+    for p in plans:
+        t = threads if p.parallel else 1
+        if int4:
+            lib.mh_int4_rows(p.qs, p.scale, p.zero, p.half, at, p.n, K, t)
+        else:
+            lib.mh_int8_rows(p.qs, p.scale, p.half, at, p.n, K, t)
+        at += p.n * K * 4  # (float32 bytes)
+    return torch.mm(x, w.t())
+
+
+def dense_reads(x: Tensor, plans: tuple[KernelArgs | None, ...]) -> bool:
+    """Whether `dense_mm` takes activations x (M, K) with these plans: float32 on the CPU, more
+    than KERNEL_MAX_ROWS rows, every plan readable, of width K, together at most _TILE_ELEMENTS
+    dequantised values."""
+    return (
+        x.shape[0] > KERNEL_MAX_ROWS
+        and x.dtype is torch.float32
+        and x.device.type == "cpu"
+        and all(p is not None and p.k == x.shape[1] for p in plans)
+        and sum(p.n * p.k for p in plans if p is not None) <= _TILE_ELEMENTS
+    )
 
 
 def _tiled(x: Tensor, N: int, rows) -> Tensor:

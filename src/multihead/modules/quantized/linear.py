@@ -34,6 +34,8 @@ from .kernels import (
     _kernel_reads,
     _plan,
     _tiled,
+    dense_mm,
+    dense_reads,
     dequantize_int4,
     dequantize_int8,
     int4_mm,
@@ -146,10 +148,13 @@ class PackedRows(nn.Module):
     def _matmul(self, x: Tensor) -> Tensor:
         if self.form != "blocks" and x.device.type == "cpu" and torch.compiler.is_compiling():
             return packed_mm(x.float(), self.qs, self.scale, self.zero, self.form).to(x.dtype)
-        if self.form != "blocks" and _kernel_reads(x):
+        if self.form != "blocks" and x.dtype is torch.float32 and x.device.type == "cpu":
             args = self._kernel_args()
-            if args is not None:
+            if args is not None and _kernel_reads(x):
                 return run_kernel(x.contiguous(), args)
+            if dense_reads(x, (args,)):  # a prefill: dequantise into one buffer, one GEMM
+                assert args is not None
+                return dense_mm(x, self.form == "int4", (args,))
         if x.device.type != "cpu" or self.form == "blocks":
             # CUDA (and the file's own blocks): dequantise a tile of rows, multiply, repeat
             return _tiled(x, self.shape[0], self.rows)
@@ -254,7 +259,9 @@ def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor,
     """`(first(x), second(x))` for two projections of one input (SwiGLU's gate and up). When
     both are packed in one form, without bias, hooks or a replaced forward, and x is one row
     of float32 activations (a decoding step) that needs no gradient, both products are one
-    kernel call (values as the two calls give them); otherwise the two modules are called."""
+    kernel call (values as the two calls give them); with more than KERNEL_MAX_ROWS rows (a
+    prefill) both are dequantised into one buffer and multiplied by one GEMM (`dense_mm`; the
+    two outputs are column views of it); otherwise the two modules are called."""
     if (
         type(first) is QuantizedLinear
         and type(second) is QuantizedLinear
@@ -280,7 +287,24 @@ def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor,
             if y is not None:
                 u, v = y.split((a.shape[0], b.shape[0]), dim=1)
                 return u.view(*shape[:-1], a.shape[0]), v.view(*shape[:-1], b.shape[0])
+        if a.form == b.form and a.form != "blocks" and shape[-1] == a.shape[1] == b.shape[1]:
+            # (..., K) -> (M, K) -> (M, NA + NB) -> two (..., N): column views of one product
+            y = _pair_dense(a, b, x.reshape(-1, shape[-1]))
+            if y is not None:
+                u, v = y.split((a.shape[0], b.shape[0]), dim=1)
+                return u.view(*shape[:-1], a.shape[0]), v.view(*shape[:-1], b.shape[0])
     return first(x), second(x)
+
+
+def _pair_dense(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
+    """More than KERNEL_MAX_ROWS rows (a prefill): both matrices dequantised into one buffer and
+    one GEMM (`dense_mm`); None where that path does not take them (the modules are called)."""
+    if torch.compiler.is_compiling():
+        return None
+    plans = (a._kernel_args(), b._kernel_args())
+    if not dense_reads(x, plans):
+        return None
+    return dense_mm(x, a.form == "int4", plans)  # type: ignore[arg-type]
 
 
 def _pair_matmul(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
