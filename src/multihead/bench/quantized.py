@@ -6,7 +6,9 @@ machine is shared, so absolute times drift; the table gives medians of per-round
 the dequantised float32 model measured in the same round). Each child loads the file, sets
 the thread count, times a prefill of `prefill` tokens (the last position's logits; the
 median of three, after one of that length) and a greedy decode of `new` tokens after a
-`prompt`-token prompt, and prints one JSON line.
+`prompt`-token prompt, and prints one JSON line. `prefill_only` (`--prefill-only`) leaves the
+decoding out and times five prefills per child, so more rounds fit the same time; its table
+gives the range of the per-round ratios, which says whether a difference is beyond the noise.
 Engines: "quantized" (multihead, packed weights, float32 activations), "fp32" (multihead,
 `quantized=False`), "llama.cpp" (llama-cpp-python, only when asked: `--peer llama.cpp`).
 
@@ -31,8 +33,9 @@ from ..table import format_table
 
 _DECODE_CHILD = r"""
 import json, sys, time
-engine, path, threads, prompt, new, prefill, repack = sys.argv[1:8]
+engine, path, threads, prompt, new, prefill, repack, repeats = sys.argv[1:9]
 threads, prompt, new, prefill = int(threads), int(prompt), int(new), int(prefill)
+repeats = int(repeats)  # prefill timings (their median); 0: the prefill only, 5 timings
 import numpy as np
 rng = np.random.default_rng(0)
 if engine == "llama.cpp":
@@ -81,19 +84,21 @@ if engine.startswith("quantized"):
     isa = kernels.kernel_isa() or "none (torch)"
 prompt_ids = rng.integers(100, vocab - 100, prompt).tolist()
 prefill_ids = rng.integers(100, vocab - 100, prefill).tolist()
-greedy(prompt_ids, 2)  # warm up
-if engine.endswith("compiled"):  # compiled: each cache length timed below compiles first
-    greedy(prompt_ids, 1)
-    greedy(prompt_ids, new)
-t = time.perf_counter(); greedy(prompt_ids, 1); first = time.perf_counter() - t
-t = time.perf_counter(); tokens = greedy(prompt_ids, new); total = time.perf_counter() - t
-run_prefill(prefill_ids)  # warm up at the full length (allocations), then a median of 3
+tps, tokens = 0.0, []
+if repeats:  # (0: the prefill only)
+    greedy(prompt_ids, 2)  # warm up
+    if engine.endswith("compiled"):  # compiled: each cache length timed below compiles first
+        greedy(prompt_ids, 1)
+        greedy(prompt_ids, new)
+    t = time.perf_counter(); greedy(prompt_ids, 1); first = time.perf_counter() - t
+    t = time.perf_counter(); tokens = greedy(prompt_ids, new); total = time.perf_counter() - t
+    tps = (new - 1) / max(1e-9, total - first)
+run_prefill(prefill_ids)  # warm up at the full length (allocations), then the median
 pres = []
-for _ in range(3):
+for _ in range(repeats or 5):
     t = time.perf_counter(); run_prefill(prefill_ids); pres.append(time.perf_counter() - t)
-pre = sorted(pres)[1]
-print(json.dumps(dict(decode_tps=(new - 1) / max(1e-9, total - first), prefill_s=pre,
-                      tokens=tokens[:8], isa=isa)))
+pre = sorted(pres)[len(pres) // 2]
+print(json.dumps(dict(decode_tps=tps, prefill_s=pre, tokens=tokens[:8], isa=isa)))
 """
 
 ENGINES = ("quantized", "fp32")
@@ -109,10 +114,11 @@ def _child(
     prefill: int,
     python: str,
     repack: bool = False,
+    repeats: int = 3,
 ) -> dict:
     done = subprocess.run(
         [python, "-c", _DECODE_CHILD, engine, str(path), str(threads), str(prompt),
-         str(new), str(prefill), "1" if repack else "0"],
+         str(new), str(prefill), "1" if repack else "0", str(repeats)],
         capture_output=True, text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"),
     )  # fmt: skip
     if done.returncode != 0:
@@ -132,16 +138,26 @@ def decode(
     python: str | None = None,
     repack: bool = False,
     compiled: bool = False,
+    prefill_only: bool = False,
 ) -> str:
     """The side-by-side table (see the module docstring); `compiled` adds both multihead
-    engines under `generate(compile=True)` (decode only: their prefill is the eager one)."""
+    engines under `generate(compile=True)` (decode only: their prefill is the eager one);
+    `prefill_only`: no decoding, each child times 5 prefills (the median), and the table
+    gives the per-round ratios' range beside their median."""
+    if prefill_only:
+        compiled = False
     engines = [*ENGINES, *(COMPILED if compiled else ()), *([peer] if peer else [])]
     rows: dict[str, list[dict]] = {e: [] for e in engines}
+    repeats = 0 if prefill_only else 3
     for r in range(rounds):
         order = engines if r % 2 == 0 else engines[::-1]  # alternate who runs first
         for engine in order:
             exe = (python or sys.executable) if engine == peer else sys.executable
-            rows[engine].append(_child(engine, path, threads, prompt, new, prefill, exe, repack))
+            rows[engine].append(
+                _child(engine, path, threads, prompt, new, prefill, exe, repack, repeats)
+            )
+    if prefill_only:
+        return _prefill_table(path, rows, prefill, threads, rounds, peer is not None and not repack)
     base = rows["fp32"]
     table = []
     for engine in engines:
@@ -172,6 +188,41 @@ def decode(
         + "\n"
     )
     headers = ["engine", "decode tok/s", "vs fp32", f"prefill {prefill} ms", "vs fp32", "tokens"]
+    return head + format_table(headers, table)
+
+
+def _prefill_table(
+    path: Path,
+    rows: dict[str, list[dict]],
+    prefill: int,
+    threads: int,
+    rounds: int,
+    no_repack: bool,
+) -> str:
+    """`decode(prefill_only=True)`'s table: per engine the median prefill time, the median of
+    the per-round ratios to fp32 and their range (lowest - highest)."""
+    base = rows["fp32"]
+    table = []
+    for engine, runs in rows.items():
+        pre = [x["prefill_s"] for x in runs]
+        ratios = sorted(p / b["prefill_s"] for p, b in zip(pre, base, strict=True))
+        table.append([
+            engine,
+            f"{statistics.median(pre) * 1e3:.0f}",
+            f"{statistics.median(ratios):.3f}x",
+            f"{ratios[0]:.3f} - {ratios[-1]:.3f}",
+        ])  # fmt: skip
+    import torch
+
+    head = (
+        f"{path.name}: prefill of {prefill} tokens (the last position's logits), no decoding; "
+        f"{threads} threads; {rounds} rounds, engines alternating, one process each, the median "
+        f"of 5 prefills per process; torch {torch.__version__}; packed kernel: "
+        f"{rows['quantized'][0]['isa']}; ratios per round to fp32"
+        + ("; llama.cpp without weight repacking (use_extra_bufts off)" if no_repack else "")
+        + "\n"
+    )
+    headers = ["engine", f"prefill {prefill} ms", "vs fp32 (median)", "vs fp32 (range)"]
     return head + format_table(headers, table)
 
 

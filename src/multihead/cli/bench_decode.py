@@ -84,6 +84,12 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--rounds", type=positive_int, default=3, help="with --gguf (default 3)")
     parser.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="with --gguf: time the prefill only (no decoding; 5 prefills per process, the "
+        "range of the per-round ratios in the table): use with more --rounds",
+    )
+    parser.add_argument(
         "--prefill", type=positive_int, default=512, help="with --gguf: prefill tokens (512)"
     )
     add_device(parser)
@@ -129,6 +135,7 @@ def _run_gguf(args) -> int:
                 python=args.peer_python,
                 repack=args.peer_repack,
                 compiled=args.gguf_compiled,
+                prefill_only=args.prefill_only,
             )
         )
     except RuntimeError as e:
