@@ -203,3 +203,28 @@ def test_pair_needing_gradient_calls_the_modules(dense_calls):
     w = first.weight + second.weight
     torch.testing.assert_close(x.grad, w.sum(0).expand(ROWS, 64), rtol=1e-5, atol=1e-5)
     assert dense_calls == ([1, 1] if kernels.kernels_available() else [])
+
+
+def test_bench_prefill_only_table(monkeypatch, tmp_path):
+    """`multihead bench decode --gguf --prefill-only`: children asked for no decoding (repeats
+    0), engines alternating per round, and the table's ratios are per round to fp32 (median
+    and range), not a ratio of medians."""
+    from multihead.bench import quantized as bench
+
+    times = {"quantized": [1.0, 2.2, 0.9], "fp32": [1.0, 2.0, 1.0]}
+    seen: list[tuple[str, int]] = []
+
+    def child(engine, path, threads, prompt, new, prefill, python, repack=False, repeats=3):
+        seen.append((engine, repeats))
+        t = times[engine][sum(e == engine for e, _ in seen) - 1]
+        return dict(decode_tps=0.0, prefill_s=t, tokens=[], isa="avx512")
+
+    monkeypatch.setattr(bench, "_child", child)
+    out = bench.decode(tmp_path / "m.gguf", rounds=3, prefill=64, prefill_only=True, compiled=True)
+    assert [e for e, _ in seen] == ["quantized", "fp32", "fp32", "quantized", "quantized", "fp32"]
+    assert {r for _, r in seen} == {0}
+    row = next(line.split() for line in out.splitlines() if line.startswith("quantized"))
+    # per-round ratios 1.0, 1.1, 0.9: median 1.0 (the medians' ratio would be 1.0 / 1.0 too,
+    # but the range shows the spread), and the median prefill time 1.0 s
+    assert row == ["quantized", "1000", "1.000x", "0.900", "-", "1.100"]
+    assert "prefill of 64 tokens" in out and "compiled" not in out
