@@ -32,8 +32,8 @@ SmolLM2 prefill and kept out: GEMMs over L2-sized tiles of rows (`torch.mm(..., 
 3-10% slower GEMMs at M = 512, x is repacked per tile, which costs more than the dequantised
 values' trip through L3) and non-temporal stores in the dequantiser (slower: the GEMM then
 reads from DRAM). Kept: the dequantiser reads the AVX-512 table as the one-row kernel does and
-prefetches its output buffer's lines for writing 8 KB ahead (together 17-19 -> 13-16 ms of
-dequantisation per 512-token SmolLM2 prefill, two threads; the values are unchanged).
+prefetches its output buffer's lines for writing 8 KB ahead (together 16.3-18.7 -> 15.6-15.9
+ms of dequantisation per 512-token SmolLM2 prefill, two threads, loaded; values unchanged).
 """
 
 from __future__ import annotations
@@ -371,8 +371,8 @@ void mh_int4_rows(const uint8_t *qs, const void *scale, const void *zero, int ha
                 const float s = sf[g], z = zf[g];
                 float *out = w + n * K + g * 32;
                 /* the buffer is fresh memory, its lines in no cache: ask for them 8 KB ahead
-                   (prefetch for writing; never faults past the end). Measured on a 512-token
-                   SmolLM2 prefill, two threads: dequantisation 17-19 -> 12-14 ms */
+                   (prefetch for writing; never faults past the end): see kernels.py's
+                   docstring for what it gained */
                 __builtin_prefetch(out + 2048, 1, 3);
                 __builtin_prefetch(out + 2048 + 16, 1, 3);
 #if MH_ISA == 512

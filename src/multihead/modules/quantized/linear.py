@@ -259,9 +259,7 @@ def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor,
     """`(first(x), second(x))` for two projections of one input (SwiGLU's gate and up). When
     both are packed in one form, without bias, hooks or a replaced forward, and x is one row
     of float32 activations (a decoding step) that needs no gradient, both products are one
-    kernel call (values as the two calls give them); with more than KERNEL_MAX_ROWS rows (a
-    prefill) both are dequantised into one buffer and multiplied by one GEMM (`dense_mm`; the
-    two outputs are column views of it); otherwise the two modules are called."""
+    kernel call (values as the two calls give them); otherwise the two modules are called."""
     if (
         type(first) is QuantizedLinear
         and type(second) is QuantizedLinear
@@ -287,24 +285,7 @@ def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor,
             if y is not None:
                 u, v = y.split((a.shape[0], b.shape[0]), dim=1)
                 return u.view(*shape[:-1], a.shape[0]), v.view(*shape[:-1], b.shape[0])
-        if a.form == b.form and a.form != "blocks" and shape[-1] == a.shape[1] == b.shape[1]:
-            # (..., K) -> (M, K) -> (M, NA + NB) -> two (..., N): column views of one product
-            y = _pair_dense(a, b, x.reshape(-1, shape[-1]))
-            if y is not None:
-                u, v = y.split((a.shape[0], b.shape[0]), dim=1)
-                return u.view(*shape[:-1], a.shape[0]), v.view(*shape[:-1], b.shape[0])
     return first(x), second(x)
-
-
-def _pair_dense(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
-    """More than KERNEL_MAX_ROWS rows (a prefill): both matrices dequantised into one buffer and
-    one GEMM (`dense_mm`); None where that path does not take them (the modules are called)."""
-    if torch.compiler.is_compiling():
-        return None
-    plans = (a._kernel_args(), b._kernel_args())
-    if not dense_reads(x, plans):
-        return None
-    return dense_mm(x, a.form == "int4", plans)  # type: ignore[arg-type]
 
 
 def _pair_matmul(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
