@@ -30,10 +30,11 @@ from the matrix's cached plan, no per-call slicing or checks), and one GEMM read
 matrix above _TILE_ELEMENTS values goes through `_tiled` instead. Measured on a 512-token
 SmolLM2 prefill and kept out: GEMMs over L2-sized tiles of rows (`torch.mm(..., out=y[:, a:b])`:
 3-10% slower GEMMs at M = 512, x is repacked per tile, which costs more than the dequantised
-values' trip through L3) and non-temporal stores in the dequantiser (slower: the GEMM then
-reads from DRAM). Kept: the dequantiser reads the AVX-512 table as the one-row kernel does and
-prefetches its output buffer's lines for writing 8 KB ahead (together 16.3-18.7 -> 15.6-15.9
-ms of dequantisation per 512-token SmolLM2 prefill, two threads, loaded; values unchanged).
+values' trip through L3) and non-temporal stores in the dequantiser (slower themselves, and
+they leave the weights in memory for the GEMM). Kept: the dequantiser reads the AVX-512 table
+as the one-row kernel does and prefetches its output buffer's lines for writing 8 KB ahead
+(together 16.3-18.7 -> 15.6-15.9 ms of dequantisation per 512-token SmolLM2 prefill, two
+threads, loaded; values unchanged).
 """
 
 from __future__ import annotations
