@@ -201,11 +201,11 @@ def _kernel_reads(x: Tensor) -> bool:
 def int4_mm(x: Tensor, qs: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
     """x (M, K) @ w^T -> (M, N), w the int4 form."""
     args = kernel_args("int4", qs, scale, zero) if _host_float32(x) else None
-    if args is not None and _kernel_reads(x):
-        return run_kernel(x.contiguous(), args)
-    if dense_reads(x, (args,)):
-        assert args is not None
-        return dense_mm(x, True, (args,))
+    if args is not None:
+        if _kernel_reads(x):
+            return run_kernel(x.contiguous(), args)
+        if dense_reads(x, args):
+            return dense_mm(x, True, args)
     return _tiled(
         x, qs.shape[0],
         lambda a, b: dequantize_int4(qs[a:b], scale[a:b], _rows(zero, a, b), x.dtype),
@@ -278,46 +278,41 @@ def _rows(t: Tensor | None, a: int, b: int) -> Tensor | None:
 def int8_mm(x: Tensor, qs: Tensor, scale: Tensor) -> Tensor:
     """x (M, K) @ w^T -> (M, N), w the int8 form."""
     args = kernel_args("int8", qs, scale, None) if _host_float32(x) else None
-    if args is not None and _kernel_reads(x):
-        return run_kernel(x.contiguous(), args)
-    if dense_reads(x, (args,)):
-        assert args is not None
-        return dense_mm(x, False, (args,))
+    if args is not None:
+        if _kernel_reads(x):
+            return run_kernel(x.contiguous(), args)
+        if dense_reads(x, args):
+            return dense_mm(x, False, args)
     return _tiled(x, qs.shape[0], lambda a, b: dequantize_int8(qs[a:b], scale[a:b], x.dtype))
 
 
-def dense_mm(x: Tensor, int4: bool, plans: tuple[KernelArgs, ...]) -> Tensor:
-    """x (M, K) float32 on the CPU @ [W1; W2; ...]^T -> (M, N1 + N2 + ...): the packed matrices
-    (one form, width K; their `kernel_args`) dequantised one after another into one float32
-    buffer owned by this call, then one GEMM. Each row's value is what `x @ w.t()` gives with
-    w the dequantiser's matrix (the products of M > KERNEL_MAX_ROWS rows; see the module
-    docstring)."""
+def dense_mm(x: Tensor, int4: bool, plan: KernelArgs) -> Tensor:
+    """x (M, K) float32 on the CPU @ w^T -> (M, N): the packed matrix (its `kernel_args`)
+    dequantised into one float32 buffer owned by this call, then one GEMM. Each row's value is
+    what `x @ w.t()` gives with w the dequantiser's matrix (the products of
+    M > KERNEL_MAX_ROWS rows; see the module docstring)."""
     lib = _library()
     assert lib is not None
-    K = plans[0].k
-    w = torch.empty(sum(p.n for p in plans), K)
-    threads = torch.get_num_threads()
-    at = w.data_ptr()
-    for p in plans:
-        t = threads if p.parallel else 1
-        if int4:
-            lib.mh_int4_rows(p.qs, p.scale, p.zero, p.half, at, p.n, K, t)
-        else:
-            lib.mh_int8_rows(p.qs, p.scale, p.half, at, p.n, K, t)
-        at += p.n * K * 4  # (float32 bytes)
+    w = torch.empty(plan.n, plan.k)
+    threads = torch.get_num_threads() if plan.parallel else 1
+    if int4:
+        lib.mh_int4_rows(
+            plan.qs, plan.scale, plan.zero, plan.half, w.data_ptr(), plan.n, plan.k, threads
+        )
+    else:
+        lib.mh_int8_rows(plan.qs, plan.scale, plan.half, w.data_ptr(), plan.n, plan.k, threads)
     return torch.mm(x, w.t())
 
 
-def dense_reads(x: Tensor, plans: tuple[KernelArgs | None, ...]) -> bool:
-    """Whether `dense_mm` takes activations x (M, K) with these plans: float32 on the CPU, more
-    than KERNEL_MAX_ROWS rows, every plan readable, of width K, together at most _TILE_ELEMENTS
-    dequantised values."""
+def dense_reads(x: Tensor, plan: KernelArgs) -> bool:
+    """Whether `dense_mm` takes activations x (M, K) with this plan: float32 on the CPU, more
+    than KERNEL_MAX_ROWS rows, the plan of width K, at most _TILE_ELEMENTS dequantised values."""
     return (
         x.shape[0] > KERNEL_MAX_ROWS
         and x.dtype is torch.float32
         and x.device.type == "cpu"
-        and all(p is not None and p.k == x.shape[1] for p in plans)
-        and sum(p.n * p.k for p in plans if p is not None) <= _TILE_ELEMENTS
+        and plan.k == x.shape[1]
+        and plan.n * plan.k <= _TILE_ELEMENTS
     )
 
 

@@ -150,11 +150,11 @@ class PackedRows(nn.Module):
             return packed_mm(x.float(), self.qs, self.scale, self.zero, self.form).to(x.dtype)
         if self.form != "blocks" and x.dtype is torch.float32 and x.device.type == "cpu":
             args = self._kernel_args()
-            if args is not None and _kernel_reads(x):
-                return run_kernel(x.contiguous(), args)
-            if dense_reads(x, (args,)):  # a prefill: dequantise into one buffer, one GEMM
-                assert args is not None
-                return dense_mm(x, self.form == "int4", (args,))
+            if args is not None:
+                if _kernel_reads(x):
+                    return run_kernel(x.contiguous(), args)
+                if dense_reads(x, args):  # a prefill: dequantise into one buffer, one GEMM
+                    return dense_mm(x, self.form == "int4", args)
         if x.device.type != "cpu" or self.form == "blocks":
             # CUDA (and the file's own blocks): dequantise a tile of rows, multiply, repeat
             return _tiled(x, self.shape[0], self.rows)
