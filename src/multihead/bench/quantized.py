@@ -173,19 +173,14 @@ def decode(
             if eager else "-",
             "same" if rows[engine][0]["tokens"] == base[0]["tokens"] else "differ",
         ])  # fmt: skip
-    import torch
-
-    head = (
-        f"{path.name}: greedy decode of {new} tokens after a {prompt}-token prompt; prefill of "
-        f"{prefill} tokens; {threads} threads; {rounds} rounds, engines alternating, one process "
-        f"each; torch {torch.__version__}; packed kernel: {rows['quantized'][0]['isa']}; "
-        "medians, ratios per round to fp32"
-        + (
-            "; llama.cpp without weight repacking (use_extra_bufts off)"
-            if peer and not repack
-            else ""
-        )
-        + "\n"
+    head = _title(
+        path,
+        f"greedy decode of {new} tokens after a {prompt}-token prompt; prefill of {prefill} "
+        f"tokens; {threads} threads",
+        f"{rounds} rounds, engines alternating, one process each",
+        rows,
+        "medians, ratios per round to fp32",
+        bool(peer) and not repack,
     )
     headers = ["engine", "decode tok/s", "vs fp32", f"prefill {prefill} ms", "vs fp32", "tokens"]
     return head + format_table(headers, table)
@@ -212,18 +207,32 @@ def _prefill_table(
             f"{statistics.median(ratios):.3f}x",
             f"{ratios[0]:.3f} - {ratios[-1]:.3f}",
         ])  # fmt: skip
-    import torch
-
-    head = (
-        f"{path.name}: prefill of {prefill} tokens (the last position's logits), no decoding; "
-        f"{threads} threads; {rounds} rounds, engines alternating, one process each, the median "
-        f"of 5 prefills per process; torch {torch.__version__}; packed kernel: "
-        f"{rows['quantized'][0]['isa']}; ratios per round to fp32"
-        + ("; llama.cpp without weight repacking (use_extra_bufts off)" if no_repack else "")
-        + "\n"
+    head = _title(
+        path,
+        f"prefill of {prefill} tokens (the last position's logits), no decoding; {threads} threads",
+        f"{rounds} rounds, engines alternating, one process each, the median of 5 prefills per "
+        "process",
+        rows,
+        "ratios per round to fp32",
+        no_repack,
     )
     headers = ["engine", f"prefill {prefill} ms", "vs fp32 (median)", "vs fp32 (range)"]
     return head + format_table(headers, table)
+
+
+def _title(
+    path: Path, what: str, runs: str, rows: dict[str, list[dict]], figures: str, no_repack: bool
+) -> str:
+    """The first line of both tables: the file, what was timed, how, torch, the packed
+    kernel's vector path and what the figures are."""
+    import torch
+
+    return (
+        f"{path.name}: {what}; {runs}; torch {torch.__version__}; packed kernel: "
+        f"{rows['quantized'][0]['isa']}; {figures}"
+        + ("; llama.cpp without weight repacking (use_extra_bufts off)" if no_repack else "")
+        + "\n"
+    )
 
 
 # -- load an 8B-shaped Q4_0 file in bounded memory ------------------------------------------
