@@ -116,3 +116,17 @@ def test_the_cli_knows_every_decoder_type_the_loader_reads():
     from multihead.models import CAUSAL_LM_FAMILIES
 
     assert set(CAUSAL_LM_TYPES) == set(CAUSAL_LM_FAMILIES)
+
+
+def test_gguf_flags_without_gguf_or_together_are_refused(capsys, recorded):
+    """--prefill-only and --gguf-compiled belong to the quantized bench: without --gguf they
+    would go unread (the random GPT-2 bench running instead), and together they contradict
+    each other (no decoding vs compiled decoders)."""
+    fails(capsys, ["bench", "decode", "--prefill-only"], "--prefill-only is for the quantized")
+    fails(capsys, ["bench", "decode", "--gguf-compiled"], "--gguf-compiled is for the quantized")
+    fails(
+        capsys,
+        ["bench", "decode", "--gguf", "--prefill-only", "--gguf-compiled"],
+        "--prefill-only times no decoding and --gguf-compiled adds compiled decoders",
+    )
+    assert recorded == []

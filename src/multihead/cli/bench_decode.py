@@ -118,6 +118,11 @@ def _run_gguf(args) -> int:
     from ..bench import quantized
     from .bench_load import _default_model
 
+    if args.prefill_only and args.gguf_compiled:
+        raise UsageError(
+            "--prefill-only times no decoding and --gguf-compiled adds compiled decoders "
+            "(whose prefill is the eager one): give one of them"
+        )
     name = args.gguf or _default_model()
     model = check_model(name, tokenizer=False)
     if model.path.is_dir():
@@ -146,6 +151,12 @@ def _run_gguf(args) -> int:
 def run(args) -> int:
     if args.gguf is not None or args.peer is not None:
         return _run_gguf(args)
+    for flag, given in (
+        ("--prefill-only", args.prefill_only),
+        ("--gguf-compiled", args.gguf_compiled),
+    ):
+        if given:  # (else the random GPT-2 bench would run, the flag unread)
+            raise UsageError(f"{flag} is for the quantized bench: add --gguf [FILE]")
     require("transformers", NAME, "Hugging Face transformers")
     check_device(args)
     if args.new < 2:
