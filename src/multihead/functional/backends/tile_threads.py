@@ -25,7 +25,8 @@ the calling thread's own count is never touched.
 Runs inline instead (in the calling thread, torch's own threads, as before) when one thread
 is asked for, there is one unit, or the call could see the difference: autograd recording
 (grad mode on, e.g. a backward under create_graph), a torch function or dispatch mode
-(FlopCounterMode, a default device), tensor subclasses, or a call from a worker itself.
+(FlopCounterMode, a default device), tensor subclasses, or a call from a worker itself; and
+a fast path's small call on a machine whose cores are free (`per_call`, a probe per call).
 """
 
 from __future__ import annotations
