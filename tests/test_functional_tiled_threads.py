@@ -3,6 +3,7 @@ the same numbers as the calling thread's own run, the fp64 reference, and no thr
 the caller's changed."""
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,14 @@ from multihead.functional.backends import tiled as tiled_backend
 from reference import reference_attention
 
 T, D = 300, 8
+_real_runnable = tile_threads._runnable
+
+
+@pytest.fixture(autouse=True)
+def busy_machine(monkeypatch):
+    """The machine's cores read as taken (`tile_threads.per_call`'s probe), so these small
+    calls run on the workers as large ones do on any machine; tests of the probe set it."""
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6)
 
 
 @pytest.fixture
@@ -229,3 +238,88 @@ def test_row_groups_cover_every_row_once_in_order():
         range(4, 6),
         range(6, 8),
     ]
+
+
+def test_per_call_runs_a_small_call_inline_only_on_free_cores(monkeypatch):
+    small, large = tile_threads.SMALL_PAIRS - 1, tile_threads.SMALL_PAIRS
+    monkeypatch.setattr(tile_threads, "_cores", lambda: 2)
+    for running, n, pairs, want in [
+        (1, 2, small, 1),  # this thread alone: inline
+        (2, 2, small, 1),  # and one more (libgomp's helper spinning after a region)
+        (3, 2, small, 2),  # a thread of another process: the workers
+        (1, 2, large, 2),  # a large call: the workers whatever the probe
+        (1, 1, small, 1),  # one thread asked for: inline as before
+        (None, 2, small, 2),  # nothing to read: the workers
+        (3, 4, small, 2 * 2),  # at most the cores: 3 runnable on 2 cores is busy
+    ]:
+        monkeypatch.setattr(tile_threads, "_runnable", lambda running=running: running)
+        assert tile_threads.per_call(n, pairs) == want, (running, n, pairs)
+
+
+def test_the_probe_reads_this_machine():
+    # (the autouse fixture's stand-in is the patched name; the real one is kept here)
+    assert tile_threads._cores() >= 1
+    if not Path("/proc/loadavg").exists():  # not Linux: nothing to read, the workers
+        assert _real_runnable() is None
+        return
+    assert _real_runnable() >= 1  # this thread is running while it reads
+
+
+def _module_run(m, x, g, args):
+    y = m(x, **args)
+    return y.detach(), *torch.autograd.grad((y * g).sum(), (x, *m.parameters()))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["window", "documents"])
+def test_the_per_call_choice_equals_the_reference_function_and_module(monkeypatch, threads, kind):
+    """Free cores (a small call runs inline) and taken cores (on the workers): the function's
+    and MultiHeadAttention's forward and backward against the fp64 reference."""
+    from multihead import MultiHeadAttention
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        chosen = []
+        real = tiled_backend.per_call
+        monkeypatch.setattr(
+            tiled_backend, "per_call", lambda n, p: chosen.append(real(n, p)) or chosen[-1]
+        )
+        B, H, Tm, E = 2, 4, 1024, 8  # the module at the tiled backend's least length
+        gen = torch.Generator().manual_seed(2)
+        q = torch.randn(B, H, T, D, generator=gen, requires_grad=True)
+        k, v = (torch.randn(B, H, T, D, generator=gen, requires_grad=True) for _ in range(2))
+        g = torch.randn(B, H, T, D, generator=gen)
+        m = MultiHeadAttention(E, H, causal=True).double()
+        x = torch.randn(B, Tm, E, generator=gen, dtype=torch.float64, requires_grad=True)
+        gm = torch.randn(B, Tm, E, generator=gen, dtype=torch.float64)
+        ids = torch.tensor([0] * 300 + [1] * 500 + [2] * 224).expand(B, Tm)
+        margs = {"window": 100} if kind == "window" else {"documents": ids}
+        want_m = None
+        for running in (1, 10**6):  # free cores, then taken ones
+            monkeypatch.setattr(tile_threads, "_runnable", lambda running=running: running)
+            got = _run(kind, q, k, v, g)
+            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            ref, _ = reference_attention(q64, k64, v64, mask=_mask(kind, B))
+            want = (ref, *torch.autograd.grad((ref * g.double()).sum(), (q64, k64, v64)))
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-4)
+            got_m = _module_run(m, x, gm, margs)
+            if want_m is None:
+                # fp64 reference: the same module under the equivalent dense mask (SDPA's
+                # math on fp64, no structure: the tiled backend does not run)
+                i = torch.arange(Tm)
+                allowed = i[None] <= i[:, None]
+                if kind == "window":
+                    allowed = allowed & (i[:, None] - i[None] < 100)
+                else:
+                    allowed = (ids[:, :, None] == ids[:, None, :])[:, None] & allowed
+                want_m = _module_run(m, x, gm, {"mask": allowed})
+            for a, b in zip(got_m, want_m, strict=True):
+                torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
+        # free cores: inline (1); taken: the workers (2), or inline at one thread
+        per_pass = len(chosen) // 2
+        assert chosen[:per_pass] == [1] * per_pass
+        assert chosen[per_pass:] == [threads] * per_pass
+    finally:
+        torch.set_num_threads(before)

@@ -25,7 +25,8 @@ the calling thread's own count is never touched.
 Runs inline instead (in the calling thread, torch's own threads, as before) when one thread
 is asked for, there is one unit, or the call could see the difference: autograd recording
 (grad mode on, e.g. a backward under create_graph), a torch function or dispatch mode
-(FlopCounterMode, a default device), tensor subclasses, or a call from a worker itself.
+(FlopCounterMode, a default device), tensor subclasses, or a call from a worker itself; and
+a fast path's small call on a machine whose cores are free (`per_call`, a probe per call).
 """
 
 from __future__ import annotations
@@ -135,6 +136,47 @@ def workers(*tensors: Tensor | None) -> int:
     if any(t is not None and type(t) is not Tensor for t in tensors):
         return 1
     return torch.get_num_threads()
+
+
+# Below this many (query, key) pairs of the whole call (batch x heads x queries x keys, as if
+# dense), a fast path's units run inline when the machine's cores are free (`per_call`).
+SMALL_PAIRS = 1 << 26
+
+
+def per_call(n: int, pairs: int) -> int:
+    """The per-call thread choice of a fast path (issue 41): 1 (inline: the calling thread,
+    torch's own n threads) for a call of fewer than SMALL_PAIRS pairs while the machine runs no
+    more runnable threads than n and its cores (this one included: a probe per call of
+    /proc/loadavg's count, ~20 us), else n (the workers).
+
+    Why: after the caller's last parallel region (a module's projection GEMM) libgomp's helper
+    thread spins ~3 ms on a core, and the workers' units start that much late; inline, torch's
+    own threads take the next region at once. Measured idle, the module's window-256 call at
+    T 1024 and two threads: workers 1.35x-1.39x of its ideal, inline 1.20x-1.23x; but inline
+    beside a busy process 1.95x-3.06x (each region waits for a descheduled thread), where the
+    workers read 1.17x-1.30x. Where the count cannot be read (not Linux), the workers."""
+    if n <= 1 or pairs >= SMALL_PAIRS:
+        return n
+    running = _runnable()
+    return 1 if running is not None and running <= min(n, _cores()) else n
+
+
+def _runnable() -> int | None:
+    """The machine's runnable threads now (the 4th field of /proc/loadavg: "running/total"),
+    None where it cannot be read."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def run(units: Sequence[Callable[[], None]], n: int) -> None:

@@ -49,7 +49,7 @@ from .tile_spans import (
     runs,
     spans_fit,
 )
-from .tile_threads import head_units, row_groups, run, workers
+from .tile_threads import head_units, per_call, row_groups, run, workers
 
 # Below this many (query, key) pairs per head, sdpa under the dense mask (at most 1 MB of
 # booleans) is as cheap as tiling or cheaper (measured: documents of 64 tokens at T = 512
@@ -319,10 +319,16 @@ def _segments_of(segments: list, rows: slice) -> list:
     return [(b - rows.start, s, e) for b, s, e in segments if rows.start <= b < rows.stop]
 
 
+def _dense_pairs(q: Tensor, k: Tensor) -> int:
+    """B x H x Tq x Tk: the size of a call for the per-call thread choice (`per_call`)."""
+    B, H, tq, _ = q.shape
+    return B * H * tq * k.shape[2]
+
+
 def _fast_forward(setup: _Setup, q, k, v, out, lse) -> None:
     """The call's fast path (band, documents or prefix), forward: units of batch rows and kv
     heads on worker threads (`tile_threads`: each unit writes its own rows of out, lse)."""
-    n = workers(q, k, v, out)
+    n = per_call(workers(q, k, v, out), _dense_pairs(q, k))
     units: list[Callable[[], None]] = []
     for rows, heads, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n):
         t = (q[rows, heads], k[rows, kv], v[rows, kv])
@@ -343,7 +349,7 @@ def _fast_forward(setup: _Setup, q, k, v, out, lse) -> None:
 
 def _fast_backward(setup: _Setup, q, k, v, grad_out, out, lse, dq, dk, dv) -> None:
     """The fast path's backward, in the same units (each writes its own heads' dq, dk, dv)."""
-    n = workers(q, k, v, grad_out, out, dq)
+    n = per_call(workers(q, k, v, grad_out, out, dq), _dense_pairs(q, k))
     units: list[Callable[[], None]] = []
     for rows, heads, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n):
         t = (q[rows, heads], k[rows, kv], v[rows, kv])
