@@ -43,7 +43,6 @@ from .kernels import (
     packed_mm,
     packed_mm_pair,
     packed_take,
-    pair_plans,
     run_kernel,
     run_pair,
     tiled_transposed,
@@ -132,6 +131,54 @@ class PackedRows(nn.Module):
             return _PackedMatmul.apply(x, self)
         return self._matmul(x)
 
+    def one_row(self, x: Tensor) -> Tensor | None:
+        """x (..., K) holding ONE row of float32 activations on the CPU, needing no gradient ->
+        (..., N) by the compiled kernel, the per-call work cut to the C call and its output (a
+        decoding step makes ~120 of these per token: each Python layer costs ~1-3 us, a tenth
+        of a 576 x 576 product). Each row's value is `_matmul`'s. None where another path must
+        run: under torch.compile (the `packed_mm` operator), with a gradient, the "blocks"
+        form, more than one row, no compiler."""
+        if (
+            torch.compiler.is_compiling()
+            or x.dtype is not torch.float32
+            or not x.is_cpu
+            or (x.requires_grad and torch.is_grad_enabled())
+            or x.numel() != self.shape[1]
+        ):
+            return None
+        args = self._row_args()
+        if args is None:
+            return None
+        fn, qs, scale, zero, half, N, K, parallel = args
+        y = torch.empty((*x.shape[:-1], N))
+        threads = torch.get_num_threads() if parallel else 1
+        fn(x.contiguous().data_ptr(), qs, scale, zero, half, y.data_ptr(), 1, N, K, threads)
+        return y
+
+    def _row_args(self) -> KernelArgs | None:
+        """`_kernel_args`, kept on the module while its buffers are the same tensors at the same
+        addresses with the same scale dtype (`.to()` and `load_state_dict(assign=True)` put new
+        tensors, `share_memory_` moves one's storage): checking that costs a few reads, against
+        ~1.5 us for `_kernel_args`' keyed lookup. Kept by identity, not reference (a reference
+        would keep a moved model's old buffers alive); dropped from pickles and copies
+        (`__getstate__`: it holds addresses and a C function)."""
+        b = self._buffers
+        qs, scale, zero = b["qs"], b["scale"], b["zero"]
+        if qs is None or scale is None or self.form == "blocks":
+            return None
+        key = (id(qs), id(scale), id(zero), qs.data_ptr(), scale.data_ptr(), scale.dtype)
+        hit = self.__dict__.get("_row_plan")
+        if hit is None or hit[0] != key or (zero is not None and hit[1] != zero.data_ptr()):
+            zp = None if zero is None else zero.data_ptr()
+            hit = (key, zp, self._kernel_args())
+            self.__dict__["_row_plan"] = hit
+        return hit[2]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_row_plan", None)
+        return state
+
     def _kernel_buffers(self) -> Buffers:
         """(qs, scale, zero): the buffers the kernel reads (zero None where there is none)."""
         b = self._buffers
@@ -214,6 +261,9 @@ class QuantizedLinear(nn.Module):
             raise ValueError(
                 f"QuantizedLinear expects input (..., {self.in_features}), got {tuple(shape)}"
             )
+        y = packed.one_row(x)  # a decoding step's row (None: the general path below)
+        if y is not None:
+            return y if self.bias is None else y + self.bias
         # (..., K) -> (M, K) -> (M, N) -> (..., N)
         y = packed.matmul(x.reshape(-1, shape[-1]) if len(shape) != 2 else x)
         if len(shape) != 2:
@@ -291,10 +341,10 @@ def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor,
 def _pair_matmul(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
     if torch.compiler.is_compiling():
         return packed_mm_pair(x, a.qs, a.scale, a.zero, b.qs, b.scale, b.zero, a.form)
-    plans = pair_plans(a.form, x.shape[1], a._kernel_buffers(), b._kernel_buffers())
-    if plans is None:
+    pa, pb = a._row_args(), b._row_args()  # (as pair_plans gives them, read as one_row's)
+    if pa is None or pb is None or pa.half != pb.half or not x.shape[1] == pa.k == pb.k:
         return None
-    return run_pair(x.contiguous(), a.form == "int4", *plans)
+    return run_pair(x.contiguous(), a.form == "int4", pa, pb)
 
 
 def _no_hooks(layer: nn.Module) -> bool:
