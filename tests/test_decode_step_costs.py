@@ -3,6 +3,7 @@ through torch's fused op with the textbook formula's values, and the compiled de
 static in the cache length (one graph per cache length, none symbolic in it)."""
 
 import torch
+import torch.nn.functional as F
 
 from multihead import CausalLM, LMConfig
 from multihead.modules.norm import RMSNorm
@@ -108,6 +109,20 @@ def test_rmsnorm_fused_path_has_the_formulas_values():
     x = torch.randn(2, 48)
     h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(norm(x), h * (norm.weight + 1.0), rtol=0, atol=0)
+
+
+def test_rmsnorm_fast_path_is_f_rms_norm_bit_for_bit_and_follows_eps():
+    # the count and eps are kept as tensors on the module: a changed eps must be read
+    torch.manual_seed(2)
+    for width in (48, 576):
+        norm = RMSNorm(width, eps=1e-5)
+        with torch.no_grad():
+            norm.weight.normal_()
+        x = torch.randn(2, 3, width) * 3
+        assert torch.equal(norm(x), F.rms_norm(x, (width,), norm.weight, 1e-5))
+        norm.eps = 0.5
+        assert torch.equal(norm(x), F.rms_norm(x, (width,), norm.weight, 0.5))
+        assert not torch.equal(norm(x), F.rms_norm(x, (width,), norm.weight, 1e-5))
 
 
 def test_compiled_decode_step_is_static_in_the_cache_length():
