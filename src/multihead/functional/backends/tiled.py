@@ -114,8 +114,9 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         band = band_plan(Structure(window=(kind.window, 0)), True, mask, bias, q, k)
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
     # a held plan that is exactly causal documents: the documents fast path on their ids
-    held = isinstance(kind, MaskPlan) and _mod_alone(structure) and fused and band is None
-    ids = kind.documents_for(call.causal) if held else None  # type: ignore[union-attr]
+    ids = None
+    if isinstance(kind, MaskPlan) and _mod_alone(structure) and fused and band is None:
+        ids = kind.documents_for(call.causal)
     if ids is not None:
         segments = held_segments(ids, mask, bias, q, k)
     causal = call.causal or (ids is not None and segments is not None)
