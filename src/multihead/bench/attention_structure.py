@@ -287,8 +287,8 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         f"mask_mod = the window as a mask function, tiles of {MOD_BLOCK}, held as a plan "
         "(block_mask, built outside the rounds: plan build ms; flex build ms: its "
         "create_block_mask; per-call mod ms: the bare function, classified every call); "
-        "documents_mod = the documents as a mask function, held the same way (the general "
-        "tile plan: no fast path recognises it).",
+        "documents_mod = the documents as a mask function, held the same way (recognised "
+        "as documents: the documents fast path on the ids it recovers).",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
         "projections + that share of the causal attention), per round; /ideal = the median "
         "over rounds of structured / ideal; dense-mask = SDPA under the "
