@@ -125,7 +125,7 @@ def test_the_mask_mod_case_is_the_window_as_a_mask_function():
     assert attention_structure.held("window", T, {"window": 3}) == ({"window": 3}, "")
 
 
-def test_the_documents_mod_case_is_the_documents_as_a_general_plan():
+def test_the_documents_mod_case_is_the_documents_as_a_mask_function():
     import torch
 
     from multihead import attention
@@ -137,7 +137,9 @@ def test_the_documents_mod_case_is_the_documents_as_a_general_plan():
     torch.testing.assert_close(attention(q, k, v, causal=True, **args), want)
     plan_args, build_ms = attention_structure.held("documents_mod", T, args)
     assert float(build_ms) >= 0
-    assert plan_args["mask_mod"].window is None  # not a window: the general plan runs it
+    plan = plan_args["mask_mod"]
+    assert plan.window is None  # not a window: exactly causal documents, their ids recovered
+    assert torch.equal(plan.documents, torch.arange(8).repeat_interleave(T // 8)[None])
     torch.testing.assert_close(attention(q, k, v, causal=True, **plan_args), want)
     assert attention_structure.allowed_pairs("documents_mod", T) == int(
         attention_structure.dense_mask("documents_mod", T).sum()

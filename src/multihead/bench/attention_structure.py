@@ -14,8 +14,9 @@ Shapes: the function at q/k/v (1, 8, T, 64); the module at width 512, 8 heads, (
 once outside the timed rounds (`functional.block_mask`, as flex's BlockMask is; its build time
 is a column, beside create_block_mask's, and the bare function classified on every call is one
 more contender of the function rows). A plan that is exactly a causal window runs the band, as
-`window=` does; so `documents_mod`, the documents case as a mask function held the same way,
-measures the general tile plan, which no fast path recognises.
+`window=` does; one that is exactly causal documents (`documents_mod`, the documents case as a
+mask function held the same way) runs the documents' fast path on the ids it recovers
+(`functional.mask_documents`), as `documents=` does.
 
 Targets (issue 41): the function within 2x of its ideal (3x beside a busy process), the module
 within 1.2x of its projection-aware ideal.
@@ -286,8 +287,8 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         f"mask_mod = the window as a mask function, tiles of {MOD_BLOCK}, held as a plan "
         "(block_mask, built outside the rounds: plan build ms; flex build ms: its "
         "create_block_mask; per-call mod ms: the bare function, classified every call); "
-        "documents_mod = the documents as a mask function, held the same way (the general "
-        "tile plan: no fast path recognises it).",
+        "documents_mod = the documents as a mask function, held the same way (recognised "
+        "as documents: the documents fast path on the ids it recovers).",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
         "projections + that share of the causal attention), per round; /ideal = the median "
         "over rounds of structured / ideal; dense-mask = SDPA under the "

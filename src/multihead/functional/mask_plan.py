@@ -34,9 +34,10 @@ import torch
 from torch import Tensor
 
 from ..value_checks import may_read
+from .mask_documents import documents_of
 from .mask_mod import DEFAULT_BLOCK, TileClassifier, check_block_size
 from .structure import MaskMod, Structure, structure_mask
-from .tile_plan import FULL, NONE, PARTIAL, Tile
+from .tile_plan import FULL, NONE, PARTIAL, Tile, plan_tiles
 
 
 def _dim(name: str, value: object, allow_none: bool) -> int | None:
@@ -72,9 +73,17 @@ class MaskPlan:
         self.kinds = kinds  # None: not read (built where reading values is not free)
         self.masks = masks
         self.window = None if kinds is None else _causal_window(self)
+        # the document ids (B or 1, T) when the mask is exactly causal documents in
+        # contiguous runs (`mask_documents`): the tiled backend runs `documents=`'s fast path
+        self.documents = (
+            None
+            if kinds is None or self.window is not None
+            else documents_of(kinds, masks, block, q_len, kv_len)
+        )
         # the tiled backend's assembled span masks, per (causal, dtype): made by its first
         # call's forward, read by every later call (see `span_cache`)
         self._span_caches: dict[tuple[bool, torch.dtype], object] = {}
+        self._causal_documents: list[Tensor | None] = []  # (made on first use: see documents_for)
         self._lock = threading.Lock()
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -93,6 +102,8 @@ class MaskPlan:
             )
             if self.window is not None:
                 what += f"; a causal window of {self.window + 1}"
+            if self.documents is not None:
+                what += f"; causal documents ({int(self.documents[0].max()) + 1} in row 0)"
         return (
             f"MaskPlan(B={b}, H={h}, Q_LEN={self.q_len}, KV_LEN={self.kv_len}, "
             f"block_size={self.block}: {what})"
@@ -121,6 +132,21 @@ class MaskPlan:
             if cache is None:
                 cache = self._span_caches[key] = SpanCache()
             return cache
+
+    def documents_for(self, causal: bool) -> Tensor | None:
+        """The document ids (B or 1, T) of a call's mask (this plan's, and causality where
+        `causal`) when it is exactly causal documents in contiguous runs, else None. A causal
+        call of a plan whose own mask is not causal (documents as `ids[q] == ids[k]`) reads
+        its tiles with causality cut in, once, on first use; the answer stays on the plan."""
+        if self.documents is not None or not causal or self.kinds is None:
+            return self.documents
+        with self._lock:
+            if not self._causal_documents:
+                b, h, tq, tk = self.batch or 1, self.heads or 1, self.q_len, self.kv_len
+                rows = plan_tiles(None, True, b, h, tq, tk, self.block, self)
+                found = documents_of_rows(rows, self.masks, True, self.block, tq, tk)
+                self._causal_documents.append(found)
+            return self._causal_documents[0]
 
     def serves(self, device: torch.device) -> bool:
         """Whether its classification serves a call on `device` (evaluated there)."""
@@ -293,6 +319,35 @@ def window_of_rows(
     """`causal_window` of a call's plan rows (`tile_plan.plan_tiles` with a mask_mod
     classified for this call and no other structure; causality cut into the tiles it
     touches): L when the call's mask is exactly a causal window, else None."""
+    grid = grid_of_rows(rows, masks, causal, block, tq, tk)
+    return None if grid is None else causal_window(*grid, block, tq, tk)
+
+
+def documents_of_rows(
+    rows: list[list[Tile]],
+    masks: dict[tuple[int, int, int, int], Tensor],
+    causal: bool,
+    block: tuple[int, int],
+    tq: int,
+    tk: int,
+) -> Tensor | None:
+    """`mask_documents.documents_of` of a call's plan rows (as `window_of_rows`): the ids
+    (B or 1, T) when the call's mask is exactly causal documents in contiguous runs."""
+    grid = grid_of_rows(rows, masks, causal, block, tq, tk)
+    return None if grid is None else documents_of(*grid, block, tq, tk)
+
+
+def grid_of_rows(
+    rows: list[list[Tile]],
+    masks: dict[tuple[int, int, int, int], Tensor],
+    causal: bool,
+    block: tuple[int, int],
+    tq: int,
+    tk: int,
+) -> tuple[list[list[int]], dict[tuple[int, int, int, int], Tensor]] | None:
+    """A call's plan rows as a classified grid: the kinds of every tile (NONE where the
+    plan skips it) and the partial tiles' masks with causality cut in; None where a tile
+    the mask_mod cuts has no kept mask."""
     bq, bk = block
     kinds = [[NONE] * -(-tk // bk) for _ in range(-(-tq // bq))]
     cut: dict[tuple[int, int, int, int], Tensor] = {}
@@ -319,4 +374,4 @@ def window_of_rows(
             else:
                 kinds[qi][t.k0 // bk] = PARTIAL
                 cut[key] = allowed
-    return causal_window(kinds, cut, block, tq, tk)
+    return kinds, cut

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ...value_checks import may_read
-from .tile_kernel import run_backward, run_forward, serves_alone
+from .tile_kernel import KERNEL_DTYPES, run_backward, run_forward, serves_alone
 
 Segment = tuple[int, int, int]  # (batch row, first position, one past the last)
 
@@ -34,6 +34,23 @@ def segment_plan(structure, mask, bias, q: Tensor, k: Tensor) -> list[Segment] |
     docs = structure.documents
     if not may_read(docs):
         return None
+    return segments_of(docs)
+
+
+def held_segments(ids: Tensor, mask, bias, q: Tensor, k: Tensor) -> list[Segment] | None:
+    """The runs of documents recognised in a mask_mod (`functional.mask_documents`: ids
+    (B or 1, T), causal inside each), where the call has nothing else to mask (no mask or
+    bias), is square and on the kernel's dtypes; None otherwise."""
+    if mask is not None or bias is not None:
+        return None
+    if q.shape[2] != k.shape[2] or q.dtype not in KERNEL_DTYPES or ids.shape[1] != q.shape[2]:
+        return None
+    return segments_of(ids.expand(q.shape[0], -1))
+
+
+def segments_of(docs: Tensor) -> list[Segment] | None:
+    """(B, T) ids -> every document's run, (b, start, stop); None where an id comes back
+    after another (a document in two runs)."""
     T = docs.shape[1]
     change = torch.ones(docs.shape, dtype=torch.bool, device=docs.device)
     change[:, 1:] = docs[:, 1:] != docs[:, :-1]  # (B, T): a run starts here

@@ -29,7 +29,7 @@ from ..call import AttentionCall, variant_reasons
 from ..dropout_mask import dropout_keep_mask
 from ..first_order import first_order
 from ..mask_mod import TileClassifier, mod_mask
-from ..mask_plan import MaskPlan, window_of_rows
+from ..mask_plan import MaskPlan, documents_of_rows, window_of_rows
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_rows, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
@@ -37,7 +37,7 @@ from .tile_band import BandPlan, band_backward, band_forward, band_plan
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
-from .tile_segments import segment_plan, segments_backward, segments_forward
+from .tile_segments import held_segments, segment_plan, segments_backward, segments_forward
 from .tile_spans import (
     Span,
     SpanCache,
@@ -113,13 +113,24 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         # the held plan is exactly a causal window: the band fast path, as for window=
         band = band_plan(Structure(window=(kind.window, 0)), True, mask, bias, q, k)
     segments = segment_plan(structure, mask, bias, q, k) if fused else None
+    # a held plan that is exactly causal documents: the documents fast path on their ids
+    ids = None
+    if isinstance(kind, MaskPlan) and _mod_alone(structure) and fused and band is None:
+        ids = kind.documents_for(call.causal)
+    if ids is not None:
+        segments = held_segments(ids, mask, bias, q, k)
+    causal = call.causal or (ids is not None and segments is not None)
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
     rows = []
     if band is None and segments is None and prefix_p is None:
         rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
         if fused and isinstance(kind, TileClassifier):
             band = _classified_band(kind, rows, structure, call.causal, block, mask, bias, q, k)
-            rows = [] if band is not None else rows
+            if band is None:
+                segments = _classified_segments(kind, rows, structure, call.causal, block, mask,
+                                                bias, q, k)  # fmt: skip
+            rows = [] if band is not None or segments is not None else rows
+            causal = call.causal or segments is not None
     if band is not None:
         block = band.block
     indexed = list(enumerate(rows))  # (query block index, its tiles)
@@ -135,7 +146,8 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     prefix = None if structure is None else structure.prefix
     prefix_t = prefix if isinstance(prefix, Tensor) else None
     setup = _Setup(
-        indexed, block, band, segments, prefix_p, structure, call.causal, call.scale, dropout,
+        # (documents recognised in a mask_mod are causal inside: the segments run causal)
+        indexed, block, band, segments, prefix_p, structure, causal, call.scale, dropout,
         spans, {} if kind is None else kind.masks, _span_cache(kind, structure, call.causal, q),
     )  # fmt: skip
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
@@ -196,6 +208,16 @@ def _classified_band(kind, rows, structure, causal, block, mask, bias, q, k) -> 
     pair = (block, block) if isinstance(block, int) else block
     left = window_of_rows(rows, kind.masks, causal, pair, q.shape[2], k.shape[2])
     return None if left is None else band_plan(Structure(window=(left, 0)), True, None, None, q, k)
+
+
+def _classified_segments(kind, rows, structure, causal, block, mask, bias, q, k):
+    """The documents fast path's runs where a mask_mod classified by this call (nothing
+    beside it) is exactly causal documents in contiguous runs (`mask_documents`), else None."""
+    if not kind.readable or mask is not None or bias is not None or not _mod_alone(structure):
+        return None
+    pair = (block, block) if isinstance(block, int) else block
+    ids = documents_of_rows(rows, kind.masks, causal, pair, q.shape[2], k.shape[2])
+    return None if ids is None else held_segments(ids, mask, bias, q, k)
 
 
 def _mod_alone(structure: Structure | None) -> bool:
