@@ -146,6 +146,27 @@ def test_the_documents_mod_case_is_the_documents_as_a_mask_function():
     )
 
 
+def test_the_general_mod_case_is_the_general_plan():
+    import torch
+
+    from multihead import attention
+
+    T = 1024
+    args = attention_structure.structure_args("general_mod", T)
+    q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+    ids = attention_structure.structure_args("documents", T)["documents"]
+    window = attention_structure.GENERAL_WINDOW
+    want = attention(q, k, v, causal=True, documents=ids, window=window)
+    torch.testing.assert_close(attention(q, k, v, causal=True, **args), want)
+    plan_args, _ = attention_structure.held("general_mod", T, args)
+    plan = plan_args["mask_mod"]
+    assert plan.window is None and plan.documents is None  # neither fast path: the general plan
+    torch.testing.assert_close(attention(q, k, v, causal=True, **plan_args), want)
+    assert attention_structure.allowed_pairs("general_mod", T) == int(
+        attention_structure.dense_mask("general_mod", T).sum()
+    )
+
+
 def test_mask_takes_several_kinds_in_order(monkeypatch, capsys):
     from multihead.cli import bench_attention
 

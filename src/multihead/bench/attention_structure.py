@@ -16,7 +16,9 @@ is a column, beside create_block_mask's, and the bare function classified on eve
 more contender of the function rows). A plan that is exactly a causal window runs the band, as
 `window=` does; one that is exactly causal documents (`documents_mod`, the documents case as a
 mask function held the same way) runs the documents' fast path on the ids it recovers
-(`functional.mask_documents`), as `documents=` does.
+(`functional.mask_documents`), as `documents=` does. `general_mod`, the documents with a
+window of 64 inside them as a mask function, measures the general tile plan, which no fast
+path recognises.
 
 Targets (issue 41): the function within 2x of its ideal (3x beside a busy process), the module
 within 1.2x of its projection-aware ideal.
@@ -38,13 +40,15 @@ from ..modules import MultiHeadAttention
 from ..table import format_table
 from .timing import environment, measure_rounds, median_ratio
 
-MASKS = ("window", "documents", "prefix", "mask_mod", "documents_mod")
-MOD_KINDS = ("mask_mod", "documents_mod")  # given as mask functions, held as plans
+MASKS = ("window", "documents", "prefix", "mask_mod", "documents_mod", "general_mod")
+# given as mask functions, held as plans
+MOD_KINDS = ("mask_mod", "documents_mod", "general_mod")
 WINDOW, DOCUMENTS = 256, 8
 FUNCTION_T, MODULE_T = (4096, 8192), (1024, 4096)
 QUICK_FUNCTION_T, QUICK_MODULE_T = (1024,), (1024,)
 FUNCTION_TARGET, FUNCTION_TARGET_CONTENDED, MODULE_TARGET = 2.0, 3.0, 1.2
 MOD_BLOCK = 128  # the mask_mod case's tiles
+GENERAL_WINDOW = 64  # general_mod's window inside the documents (shorter than every one)
 
 
 def _window_mod(b, h, q_idx, kv_idx):
@@ -62,6 +66,18 @@ def _documents_mod(T: int) -> Callable:
     return documents
 
 
+def _general_mod(T: int) -> Callable:
+    """The documents with a causal window of GENERAL_WINDOW inside them, as a mask function:
+    no fast path recognises it (the general tile plan)."""
+    ids = torch.arange(DOCUMENTS).repeat_interleave(T // DOCUMENTS)  # (T,)
+
+    def windowed_documents(b, h, q_idx, kv_idx):
+        same = ids[q_idx] == ids[kv_idx]
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < GENERAL_WINDOW) & same
+
+    return windowed_documents
+
+
 def structure_args(kind: str, T: int, B: int = 1) -> dict:
     """The `attention()` arguments of one benchmark case (all causal)."""
     if kind == "window":
@@ -70,6 +86,8 @@ def structure_args(kind: str, T: int, B: int = 1) -> dict:
         return {"mask_mod": _window_mod, "block_size": MOD_BLOCK}
     if kind == "documents_mod":
         return {"mask_mod": _documents_mod(T), "block_size": MOD_BLOCK}
+    if kind == "general_mod":
+        return {"mask_mod": _general_mod(T), "block_size": MOD_BLOCK}
     if kind == "documents":
         ids = torch.arange(DOCUMENTS).repeat_interleave(T // DOCUMENTS)  # (T,)
         return {"documents": ids[None].expand(B, T)}
@@ -85,6 +103,8 @@ def allowed_pairs(kind: str, T: int) -> int:
     if kind in ("documents", "documents_mod"):
         n = T // DOCUMENTS
         return DOCUMENTS * n * (n + 1) // 2
+    if kind == "general_mod":
+        return DOCUMENTS * sum(min(i + 1, GENERAL_WINDOW) for i in range(T // DOCUMENTS))
     P = T // 4
     return P * P + sum(i + 1 for i in range(P, T))
 
@@ -96,6 +116,8 @@ def dense_mask(kind: str, T: int) -> torch.Tensor:
     if kind in ("documents", "documents_mod"):
         ids = structure_args("documents", T)["documents"]
         return (ids[:, :, None] == ids[:, None, :])[:, None] & masks.causal(T)
+    if kind == "general_mod":
+        return dense_mask("documents", T) & masks.sliding_window(T, T, GENERAL_WINDOW)
     P = T // 4
     mask = masks.causal(T)
     mask[:P, :P] = True
@@ -147,6 +169,8 @@ def _flex(kind: str, q, k, v) -> tuple[Callable[[], object], float] | str:
             return (j <= i) & (i - j < WINDOW)
         if kind in ("documents", "documents_mod"):
             return (j <= i) & (ids[i] == ids[j])
+        if kind == "general_mod":
+            return (j <= i) & (i - j < GENERAL_WINDOW) & (ids[i] == ids[j])
         return (j <= i) | ((i < P) & (j < P))
 
     try:
@@ -288,7 +312,9 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         "(block_mask, built outside the rounds: plan build ms; flex build ms: its "
         "create_block_mask; per-call mod ms: the bare function, classified every call); "
         "documents_mod = the documents as a mask function, held the same way (recognised "
-        "as documents: the documents fast path on the ids it recovers).",
+        "as documents: the documents fast path on the ids it recovers); general_mod = the "
+        f"documents with a window of {GENERAL_WINDOW} inside them as a mask function, held the "
+        "same way (the general tile plan: no fast path recognises it).",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
         "projections + that share of the causal attention), per round; /ideal = the median "
         "over rounds of structured / ideal; dense-mask = SDPA under the "

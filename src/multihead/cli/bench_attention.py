@@ -22,6 +22,7 @@ MASKS = (
     "prefix",
     "mask_mod",
     "documents_mod",
+    "general_mod",
 )  # (bench.attention_structure.MASKS)
 
 
