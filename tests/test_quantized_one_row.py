@@ -171,3 +171,25 @@ def test_the_pair_reads_the_kept_plans(one_row_calls):
     assert torch.equal(c.view(1, -1), general(new, x))
     assert torch.equal(b.view(1, -1), general(up.packed, x))
     assert not torch.equal(a, c)
+
+
+@needs_kernel
+def test_the_default_dtype_does_not_change_the_products():
+    # the C code writes float32: its outputs and buffers are float32 whatever
+    # torch.set_default_dtype says (float64 there once gave a dtype error on the prefill
+    # path and a float64 buffer holding float32 bits on the one-row path)
+    layer = QuantizedLinear(packed_matrix("int4", 64, 96, "float16"))
+    pair = QuantizedLinear(packed_matrix("int4", 40, 96, "float16", seed=3))
+    one, many = torch.randn(1, 1, 96), torch.randn(20, 96)
+    with torch.no_grad():
+        want = (layer(one), layer(many), layer.weight, linear_pair(layer, pair, one))
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            got = (layer(one), layer(many), layer.weight, linear_pair(layer, pair, one))
+        finally:
+            torch.set_default_dtype(before)
+    for a, b in zip(want[:3], got[:3], strict=True):
+        assert b.dtype == torch.float32 and torch.equal(a, b)
+    for a, b in zip(want[3], got[3], strict=True):
+        assert b.dtype == torch.float32 and torch.equal(a, b)

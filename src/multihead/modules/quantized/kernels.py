@@ -133,7 +133,7 @@ def dequantize_int4(
     n, G = scale.shape
     lib = _eager_host_library(qs, scale, zero)
     if lib is not None:
-        w = torch.empty(n, G * GROUP)
+        w = torch.empty(n, G * GROUP, dtype=torch.float32)  # (the C code writes float32)
         lib.mh_int4_rows(
             qs.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr(),
             scale.dtype == torch.float16, w.data_ptr(), n, G * GROUP, torch.get_num_threads(),
@@ -153,7 +153,7 @@ def dequantize_int8(qs: Tensor, scale: Tensor, dtype: torch.dtype = torch.float3
     n, G = scale.shape
     lib = _eager_host_library(qs, scale)
     if lib is not None:
-        w = torch.empty(n, G * GROUP)
+        w = torch.empty(n, G * GROUP, dtype=torch.float32)  # (the C code writes float32)
         lib.mh_int8_rows(
             qs.data_ptr(), scale.data_ptr(), scale.dtype == torch.float16, w.data_ptr(), n,
             G * GROUP, torch.get_num_threads(),
@@ -246,7 +246,7 @@ def run_kernel(x: Tensor, args: KernelArgs) -> Tensor:
     product with `kernel_args`'s constants (the per-call work kept to the C call)."""
     fn, qp, sp, zp, half, N, K, parallel = args
     M = x.shape[0]
-    y = torch.empty(M, N)
+    y = torch.empty(M, N, dtype=torch.float32)  # (not the default dtype: the C code's)
     threads = torch.get_num_threads() if parallel else 1
     fn(x.data_ptr(), qp, sp, zp, half, y.data_ptr(), M, N, K, threads)
     return y
@@ -293,7 +293,7 @@ def dense_mm(x: Tensor, int4: bool, plan: KernelArgs) -> Tensor:
     M > KERNEL_MAX_ROWS rows; see the module docstring)."""
     lib = _library()
     assert lib is not None
-    w = torch.empty(plan.n, plan.k)
+    w = torch.empty(plan.n, plan.k, dtype=torch.float32)
     threads = torch.get_num_threads() if plan.parallel else 1
     if int4:
         lib.mh_int4_rows(
@@ -414,7 +414,7 @@ def run_pair(x: Tensor, int4: bool, a: KernelArgs, b: KernelArgs) -> Tensor:
     of two matrices of one form (`pair_plans`)."""
     lib = _library()
     assert lib is not None
-    y = torch.empty(1, a.n + b.n)
+    y = torch.empty(1, a.n + b.n, dtype=torch.float32)
     threads = torch.get_num_threads() if a.parallel or b.parallel else 1
     lib.mh_pair_mv(
         int4, x.data_ptr(), a.qs, a.scale, a.zero, a.n, b.qs, b.scale, b.zero, b.n,

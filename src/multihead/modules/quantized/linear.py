@@ -150,7 +150,7 @@ class PackedRows(nn.Module):
         if args is None:
             return None
         fn, qs, scale, zero, half, N, K, parallel = args
-        y = torch.empty((*x.shape[:-1], N))
+        y = torch.empty((*x.shape[:-1], N), dtype=torch.float32)  # (the C code writes float32)
         threads = torch.get_num_threads() if parallel else 1
         fn(x.contiguous().data_ptr(), qs, scale, zero, half, y.data_ptr(), 1, N, K, threads)
         return y
