@@ -123,6 +123,13 @@ def test_rmsnorm_fast_path_is_f_rms_norm_bit_for_bit_and_follows_eps():
         norm.eps = 0.5
         assert torch.equal(norm(x), F.rms_norm(x, (width,), norm.weight, 0.5))
         assert not torch.equal(norm(x), F.rms_norm(x, (width,), norm.weight, 1e-5))
+    # kept constants first made under inference_mode serve a later call with a gradient
+    norm = RMSNorm(48)
+    with torch.inference_mode():
+        norm(torch.randn(2, 48))
+    x = torch.randn(2, 48, requires_grad=True)
+    norm(x).sum().backward()
+    assert x.grad is not None
 
 
 def test_compiled_decode_step_is_static_in_the_cache_length():

@@ -104,7 +104,10 @@ class RMSNorm(nn.Module):
         """The count and eps as 0-dim float32 CPU tensors, remade when eps changes."""
         kept = self.__dict__.get("_kept_constants")
         if kept is None or kept[0] != (count, self.eps):
-            values = (torch.tensor(float(count)), torch.tensor(self.eps, dtype=torch.float32))
+            # (normal tensors even when first made under inference_mode: a later call that
+            # records a gradient saves them for backward)
+            with torch.inference_mode(False):
+                values = (torch.tensor(float(count)), torch.tensor(self.eps, dtype=torch.float32))
             kept = self.__dict__["_kept_constants"] = ((count, self.eps), values)
         return kept[1]
 
