@@ -194,7 +194,7 @@ def recording(fn, shapes):
 def test_tiled_skips_all_false_tiles_and_evaluates_block_by_block(spy, monkeypatch):
     # (causal documents, which the backend recognises and runs on the documents fast path
     # (test_functional_mask_documents.py): here with that turned off, the general plan's)
-    monkeypatch.setattr(tiled_backend, "documents_of_rows", lambda *args: None)
+    monkeypatch.setattr(tiled_backend, "documents_of", lambda *args: None)
     # Block-diagonal 8 x 8 blocks, causal inside, on 4 x 4 tiles: of the 6 x 6 tiles, 6 are
     # partial (the diagonal: triangles), 3 full (below it, inside a block) and 27 all False.
     # A row visits its partial tile and, in odd rows, one full tile: each row is one span

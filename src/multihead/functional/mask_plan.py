@@ -308,21 +308,6 @@ def causal_window(
     return left
 
 
-def window_of_rows(
-    rows: list[list[Tile]],
-    masks: dict[tuple[int, int, int, int], Tensor],
-    causal: bool,
-    block: tuple[int, int],
-    tq: int,
-    tk: int,
-) -> int | None:
-    """`causal_window` of a call's plan rows (`tile_plan.plan_tiles` with a mask_mod
-    classified for this call and no other structure; causality cut into the tiles it
-    touches): L when the call's mask is exactly a causal window, else None."""
-    grid = grid_of_rows(rows, masks, causal, block, tq, tk)
-    return None if grid is None else causal_window(*grid, block, tq, tk)
-
-
 def documents_of_rows(
     rows: list[list[Tile]],
     masks: dict[tuple[int, int, int, int], Tensor],
@@ -331,7 +316,7 @@ def documents_of_rows(
     tq: int,
     tk: int,
 ) -> Tensor | None:
-    """`mask_documents.documents_of` of a call's plan rows (as `window_of_rows`): the ids
+    """`mask_documents.documents_of` of a call's plan rows (`grid_of_rows`): the ids
     (B or 1, T) when the call's mask is exactly causal documents in contiguous runs."""
     grid = grid_of_rows(rows, masks, causal, block, tq, tk)
     return None if grid is None else documents_of(*grid, block, tq, tk)

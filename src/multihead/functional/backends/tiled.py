@@ -28,8 +28,9 @@ from ...value_checks import may_read
 from ..call import AttentionCall, variant_reasons
 from ..dropout_mask import dropout_keep_mask
 from ..first_order import first_order
+from ..mask_documents import documents_of
 from ..mask_mod import TileClassifier, mod_mask
-from ..mask_plan import MaskPlan, documents_of_rows, window_of_rows
+from ..mask_plan import MaskPlan, causal_window, grid_of_rows
 from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_rows, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
@@ -125,10 +126,9 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     if band is None and segments is None and prefix_p is None:
         rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
         if fused and isinstance(kind, TileClassifier):
-            band = _classified_band(kind, rows, structure, call.causal, block, mask, bias, q, k)
-            if band is None:
-                segments = _classified_segments(kind, rows, structure, call.causal, block, mask,
-                                                bias, q, k)  # fmt: skip
+            band, segments = _classified_fast_path(
+                kind, rows, structure, call.causal, block, mask, bias, q, k
+            )
             rows = [] if band is not None or segments is not None else rows
             causal = call.causal or segments is not None
     if band is not None:
@@ -200,24 +200,25 @@ def _span_cache(kind, structure: Structure | None, causal: bool, q: Tensor) -> S
     return SpanCache()
 
 
-def _classified_band(kind, rows, structure, causal, block, mask, bias, q, k) -> BandPlan | None:
-    """The band fast path's plan where a mask_mod classified by this call (no window,
-    documents, prefix, mask or bias beside it) is exactly a causal window, else None."""
+def _classified_fast_path(
+    kind, rows, structure, causal, block, mask, bias, q, k
+) -> tuple[BandPlan | None, list | None]:
+    """(band, segments): the band fast path's plan where a mask_mod classified by this call
+    (no window, documents, prefix, mask or bias beside it) is exactly a causal window, else
+    the documents fast path's runs where it is exactly causal documents in contiguous runs
+    (`mask_documents`); (None, None) otherwise. The classified grid is built once for both."""
     if not kind.readable or mask is not None or bias is not None or not _mod_alone(structure):
-        return None
+        return None, None
     pair = (block, block) if isinstance(block, int) else block
-    left = window_of_rows(rows, kind.masks, causal, pair, q.shape[2], k.shape[2])
-    return None if left is None else band_plan(Structure(window=(left, 0)), True, None, None, q, k)
-
-
-def _classified_segments(kind, rows, structure, causal, block, mask, bias, q, k):
-    """The documents fast path's runs where a mask_mod classified by this call (nothing
-    beside it) is exactly causal documents in contiguous runs (`mask_documents`), else None."""
-    if not kind.readable or mask is not None or bias is not None or not _mod_alone(structure):
-        return None
-    pair = (block, block) if isinstance(block, int) else block
-    ids = documents_of_rows(rows, kind.masks, causal, pair, q.shape[2], k.shape[2])
-    return None if ids is None else held_segments(ids, mask, bias, q, k)
+    tq, tk = q.shape[2], k.shape[2]
+    grid = grid_of_rows(rows, kind.masks, causal, pair, tq, tk)
+    if grid is None:
+        return None, None
+    left = causal_window(*grid, pair, tq, tk)
+    if left is not None:
+        return band_plan(Structure(window=(left, 0)), True, None, None, q, k), None
+    ids = documents_of(*grid, pair, tq, tk)
+    return None, None if ids is None else held_segments(ids, mask, bias, q, k)
 
 
 def _mod_alone(structure: Structure | None) -> bool:
