@@ -14,34 +14,11 @@ import torch.nn.functional as F
 
 from multihead.modules.quantized import PackedRows, QuantizedLinear, kernels
 from multihead.modules.quantized.linear import linear_pair
+from test_quantized_prefill import CASES, packed_matrix, textbook
 
 needs_kernel = pytest.mark.skipif(
     not kernels.kernels_available(), reason="no C compiler: one_row declines (tested below)"
 )
-
-
-def packed_matrix(form: str, N: int, K: int, stored: str, seed: int = 0) -> PackedRows:
-    g = torch.Generator().manual_seed(seed)
-    dtype = torch.float32 if stored == "float32" else torch.float16
-    scale = (torch.rand(N, K // 32, generator=g) * 0.1 + 0.01).to(dtype)
-    if form == "int8":
-        q8 = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
-        return PackedRows("int8", (N, K), q8, scale)
-    qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
-    zero = None if stored == "implicit zero" else (torch.randn(N, K // 32, generator=g) * 0.1)
-    return PackedRows("int4", (N, K), qs, scale, None if zero is None else zero.to(dtype))
-
-
-def textbook(p: PackedRows) -> torch.Tensor:
-    N, K = p.shape
-    assert p.scale is not None
-    s = p.scale.double()[..., None]
-    if p.form == "int8":
-        return (p.qs.view(N, -1, 32).double() * s).view(N, K)
-    b = p.qs.view(N, -1, 16)
-    q = torch.cat((b & 15, b >> 4), -1).double()
-    z = -8 * s if p.zero is None else p.zero.double()[..., None]
-    return (q * s + z).view(N, K)
 
 
 def general(p: PackedRows, x: torch.Tensor) -> torch.Tensor:
@@ -65,14 +42,6 @@ def one_row_calls(monkeypatch):
 
     monkeypatch.setattr(PackedRows, "one_row", spy)
     return answered
-
-
-CASES = [
-    ("int4", "float16"),  # Q4_1
-    ("int4", "float32"),  # Q4_K's products
-    ("int4", "implicit zero"),  # Q4_0
-    ("int8", "float16"),  # Q8_0
-]
 
 
 @needs_kernel
