@@ -11,10 +11,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional.attention import dispatch_plain
+from ..functional.backends import SDPA_BACKEND
+from ..functional.backends.registry import _PLAIN_ORDER as _plain_order
+from ..positional.rope import RotaryEmbedding
 from ..positional.scheme import PositionScheme
 from .attention_inputs import check_positions
 from .cache import KVCache
 from .projections import linear
+from .quantized.kernels import attend_one, rope_rows_
 
 
 def plain_forward(
@@ -63,6 +67,10 @@ def plain_forward(
         point = cache.checkpoint()  # (a backend that refuses at run time: undo the append)
         try:
             k, v, mask, window = cache.append_plain(module, kv)
+            if mask is None and window is None and B == 1 and T == 1 and dropout_p == 0.0:
+                merged = _attend_one_row(q, k, v)  # (1, 1, H * D) or None
+                if merged is not None:
+                    return _project_out(out_proj, merged, direct)
             if mask is not None:  # padding the cache remembers: (B, Tk) -> (B, 1, 1, Tk)
                 mask = mask[:, None, None, :]
             out = dispatch_plain(q, k, v, causal, dropout_p, mask, window)
@@ -71,10 +79,44 @@ def plain_forward(
             raise
     # (B, H, T, Dv) -> (B, T, H * Dv): free when the kernel wrote (B, T, H, Dv), as SDPA does
     merged = out.transpose(1, 2).reshape(B, T, H * out.shape[3])
+    return _project_out(out_proj, merged, direct)
+
+
+def _project_out(out_proj: Any, merged: Tensor, direct: bool) -> Tensor:
     if direct:
         params = out_proj._parameters
         return F.linear(merged, params["weight"], params["bias"])
     return linear(out_proj, merged)
+
+
+def _attend_one_row(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+    """A decoding step's attention (one token, one row: q (1, H, 1, D), every cached key
+    seen) as one C call (`kernels.attend_one`) where `dispatch_plain` would run SDPA's kernel
+    (the sdpa backend first in the registry's order): float32 on the CPU, no gradient, keys
+    and values with contiguous rows of D. Returns (1, 1, H * D), SDPA's values within float32
+    rounding; None elsewhere (the caller dispatches)."""
+    D = q.shape[3]
+    if (
+        q.dtype is not torch.float32
+        or k.dtype is not torch.float32
+        or v.dtype is not torch.float32
+        or not q.is_cpu
+        or not k.is_cpu
+        or not v.is_cpu
+        or not (_plain_order and _plain_order[0] is SDPA_BACKEND)
+        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        or D == 0
+        or k.shape[2] == 0
+        or v.shape[3] != D
+        or q.shape[1] % k.shape[1] != 0
+        or not q.is_contiguous()
+        or k.stride(3) != 1
+        or k.stride(2) != D
+        or v.stride(3) != 1
+        or v.stride(2) != D
+    ):
+        return None
+    return attend_one(q, k, v)
 
 
 def _rotated_heads(
@@ -97,5 +139,37 @@ def _rotated_heads(
         positions = check_positions(positions, B, T, heads.device, values=values)
     if heads.requires_grad:  # (out of place: autograd keeps the projection's output)
         heads = heads.clone()
+    elif B == 1 and T == 1 and _rotates_one_row(position, heads, count, positions):
+        return heads
     position.rotate_heads_(heads, count, positions)
     return heads
+
+
+def _rotates_one_row(
+    position: PositionScheme, heads: Tensor, count: int, positions: Tensor
+) -> bool:
+    """A decoding step's RoPE (one token, one row: heads (1, n, 1, D), float32 on the CPU, no
+    gradient) as one C call over the `count` contiguous heads (`kernels.rope_rows_`), the
+    values of `RotaryEmbedding.rotate_heads_` bit for bit; False (nothing done) elsewhere: a
+    scheme that rotates otherwise, a partial rotary dimension, no compiled kernels."""
+    if (
+        type(position).rotate_heads_ is not RotaryEmbedding.rotate_heads_
+        or heads.dtype is not torch.float32
+        or not heads.is_cpu
+    ):
+        return False
+    rope: RotaryEmbedding = position  # type: ignore[assignment]
+    if rope.rotary_dim != rope.head_dim:
+        return False
+    cos, signed = rope._head_tables(heads, positions)
+    x = heads[:, :count]  # (1, count, 1, D): contiguous
+    D = heads.shape[-1]
+    if (
+        cos.numel() != D
+        or signed.numel() != D
+        or cos.dtype is not torch.float32
+        or signed.dtype is not torch.float32
+        or not (x.is_contiguous() and cos.is_contiguous() and signed.is_contiguous())
+    ):
+        return False
+    return rope_rows_(x, cos, signed)

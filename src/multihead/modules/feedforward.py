@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ..hook_points import hooks_for
 from .projections import _plain, linear
 from .quantized import linear_pair
+from .quantized.linear import silu_pair
 
 
 def _gelu_tanh(x: Tensor) -> Tensor:
@@ -174,6 +175,10 @@ class SwiGLU(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         hooks = hooks_for(self)
         if hooks is None:  # (packed gate and up: one kernel call, modules.quantized)
+            if self.act is F.silu:  # (a decoding step's packed row: SiLU and product in C)
+                h = silu_pair(self.gate, self.up, x)
+                if h is not None:
+                    return linear(self._modules["down"], h)  # type: ignore[arg-type]
             gate, up = linear_pair(self.gate, self.up, x)
             return linear(self._modules["down"], self.act(gate) * up)  # type: ignore[arg-type]
         gate = hooks("hook_pre", self.gate(x))

@@ -1,6 +1,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -462,4 +463,139 @@ void mh_pair_mv(int int4, const float *x, const void *qa, const void *sa, const 
         mh_int8_mm(x, (const int8_t *)qb, sb, NULL, half, y + NA, 1, NB, K, threads);
     }
 #endif
+}
+
+/* -- the small ops around a decoding step's products (one row of activations) ------------- */
+
+/* y (rows, K) = RMSNorm of x's rows: x / sqrt(sum(x^2) / K + eps), times w (NULL: no gain).
+   torch's order after the sum: the division by the count, + eps, 1 / sqrt, then x * that and
+   the product times w, each rounded (no FMA contraction, function attribute); the sum of
+   squares runs in eight float32 chains, an order of its own (torch's reduction has another):
+   values within float32 rounding of F.rms_norm's. */
+__attribute__((optimize("fp-contract=off")))
+void mh_rms_norm(const float *x, const float *w, float eps, float *y, long rows, long K) {
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * K;
+        float *yr = y + r * K;
+        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        long i = 0;
+        for (; i + 8 <= K; i += 8)
+            for (int j = 0; j < 8; j++) a[j] += xr[i + j] * xr[i + j];
+        for (; i < K; i++) a[0] += xr[i] * xr[i];
+        const float ss = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        const float h = 1.0f / sqrtf(ss / (float)K + eps);
+        if (w) {
+            for (i = 0; i < K; i++) yr[i] = (xr[i] * h) * w[i];
+        } else {
+            for (i = 0; i < K; i++) yr[i] = xr[i] * h;
+        }
+    }
+}
+
+/* RoPE in place on n contiguous rows of D (D even) by one position's tables cos and sgn (D
+   each; sgn = sin with the first half negated): x[i] = x[i] cos[i] + x[i +- D/2] sgn[i], as
+   `RotaryEmbedding.rotate_heads_` computes it (two products and a sum, each rounded: no FMA
+   contraction), so the values are the same bits. */
+__attribute__((optimize("fp-contract=off")))
+void mh_rope_rows(float *x, const float *cos, const float *sgn, long n, long D) {
+    const long half = D / 2;
+    for (long r = 0; r < n; r++) {
+        float *xr = x + r * D;
+        for (long i = 0; i < half; i++) {
+            const float a = xr[i], b = xr[i + half];
+            xr[i] = a * cos[i] + b * sgn[i];
+            xr[i + half] = b * cos[i + half] + a * sgn[i + half];
+        }
+    }
+}
+
+/* One query per head over a cache (a decoding step's attention): out (H, D) = softmax(q_h .
+   K_g^T * scale) V_g with g = h / (H / Hkv) (grouped heads). Head g's keys start at
+   k + g * ks, T rows of D floats (row stride D; likewise v with vs): a cache's buffer read in
+   place. No mask (every key is seen). The sums in float32 chains of their own: values within
+   float32 rounding of SDPA's. */
+static inline float mh_dot(const float *restrict a, const float *restrict b, long D) {
+    float s = 0.0f;
+    for (long d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+void mh_attend_one(const float *q, const float *k, const float *v, long ks, long vs, float *out,
+                   long H, long Hkv, long T, long D, float scale) {
+    float stack[1024];
+    float *p = T <= 1024 ? stack : (float *)malloc(sizeof(float) * T);
+    const long group = H / Hkv;
+#if MH_ISA == 512
+    const int wide = D % 16 == 0 && D <= 256; /* the vector path: D/16 registers per row */
+#endif
+    for (long h = 0; h < H; h++) {
+        const float *qh = q + h * D, *kg = k + (h / group) * ks, *vg = v + (h / group) * vs;
+        float *restrict oh = out + h * D;
+        float top = -INFINITY, total = 0.0f;
+        long t = 0;
+#if MH_ISA == 512
+        if (wide) { /* four keys at a time: four independent chains */
+            for (; t + 4 <= T; t += 4) {
+                const float *k0 = kg + t * D;
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (long d = 0; d < D; d += 16) {
+                    const __m512 x = _mm512_loadu_ps(qh + d);
+                    a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k0 + d), a0);
+                    a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k0 + D + d), a1);
+                    a2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k0 + 2 * D + d), a2);
+                    a3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k0 + 3 * D + d), a3);
+                }
+                p[t] = _mm512_reduce_add_ps(a0) * scale;
+                p[t + 1] = _mm512_reduce_add_ps(a1) * scale;
+                p[t + 2] = _mm512_reduce_add_ps(a2) * scale;
+                p[t + 3] = _mm512_reduce_add_ps(a3) * scale;
+            }
+        }
+#endif
+        for (; t < T; t++) p[t] = mh_dot(qh, kg + t * D, D) * scale;
+        for (t = 0; t < T; t++)
+            if (p[t] > top) top = p[t];
+        for (t = 0; t < T; t++) {
+            p[t] = expf(p[t] - top);
+            total += p[t];
+        }
+        const float inv = 1.0f / total;
+#if MH_ISA == 512
+        if (wide) { /* the D/16 accumulators are independent chains across the keys */
+            __m512 acc[16];
+            const long n = D / 16;
+            for (long j = 0; j < n; j++) acc[j] = _mm512_setzero_ps();
+            for (t = 0; t < T; t++) {
+                const __m512 e = _mm512_set1_ps(p[t]);
+                const float *vt = vg + t * D;
+                for (long j = 0; j < n; j++)
+                    acc[j] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * j), acc[j]);
+            }
+            for (long j = 0; j < n; j++)
+                _mm512_storeu_ps(oh + 16 * j, _mm512_mul_ps(acc[j], _mm512_set1_ps(inv)));
+            continue;
+        }
+#endif
+        for (long d = 0; d < D; d++) oh[d] = 0.0f;
+        for (t = 0; t < T; t++)
+            for (long d = 0; d < D; d++) oh[d] += p[t] * vg[t * D + d];
+        for (long d = 0; d < D; d++) oh[d] *= inv;
+    }
+    if (p != stack) free(p);
+}
+
+/* y (1, NA) = silu(x A^T) * (x B^T) for x (1, K): SwiGLU's gate A and up B read with one call
+   (mh_pair_mv), the products into a scratch row, then each gate's SiLU g / (1 + exp(-g)) (as
+   torch writes it) times its up value: each product as the pair call gives it, the SiLU within
+   float32 rounding of torch's (another exp). NA == NB. */
+void mh_pair_silu(int int4, const float *x, const void *qa, const void *sa, const void *za,
+                  long NA, const void *qb, const void *sb, const void *zb, long NB, int half,
+                  float *y, long K, int threads) {
+    float *both = (float *)malloc(sizeof(float) * (NA + NB));
+    mh_pair_mv(int4, x, qa, sa, za, NA, qb, sb, zb, NB, half, both, K, threads);
+    for (long i = 0; i < NA; i++) {
+        const float g = both[i];
+        y[i] = (g / (1.0f + expf(-g))) * both[NA + i];
+    }
+    free(both);
 }

@@ -105,6 +105,13 @@ def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.mh_pair_mv.argtypes = [i32, f, f, f, f, i64, f, f, f, i64, i32, f, i64, i32]
     lib.mh_int4_mm.restype = lib.mh_int8_mm.restype = lib.mh_pair_mv.restype = None
     lib.mh_int4_rows.restype = lib.mh_int8_rows.restype = None
+    lib.mh_rms_norm.argtypes = [f, f, ctypes.c_float, f, i64, i64]
+    lib.mh_rope_rows.argtypes = [f, f, f, i64, i64]
+    lib.mh_rms_norm.restype = lib.mh_rope_rows.restype = None
+    lib.mh_attend_one.argtypes = [f, f, f, i64, i64, f, i64, i64, i64, i64, ctypes.c_float]
+    lib.mh_attend_one.restype = None
+    lib.mh_pair_silu.argtypes = lib.mh_pair_mv.argtypes
+    lib.mh_pair_silu.restype = None
     lib.mh_isa.restype = i32
     return lib
 
@@ -423,6 +430,21 @@ def run_pair(x: Tensor, int4: bool, a: KernelArgs, b: KernelArgs) -> Tensor:
     return y
 
 
+def run_pair_silu(x: Tensor, int4: bool, a: KernelArgs, b: KernelArgs) -> Tensor:
+    """x (1, K) float32, contiguous, on the CPU -> (1, NA): silu(x A^T) * (x B^T), SwiGLU's
+    hidden row, by one C call (`mh_pair_silu`: `run_pair`'s products, then the SiLU and the
+    product in C instead of split, two views, silu and mul: ~15 us a layer). NA == NB."""
+    lib = _library()
+    assert lib is not None
+    y = torch.empty(1, a.n, dtype=torch.float32)
+    threads = torch.get_num_threads() if a.parallel or b.parallel else 1
+    lib.mh_pair_silu(
+        int4, x.data_ptr(), a.qs, a.scale, a.zero, a.n, b.qs, b.scale, b.zero, b.n,
+        a.half, y.data_ptr(), a.k, threads,
+    )  # fmt: skip
+    return y
+
+
 _OPS.impl("packed_mm_pair", _packed_mm_pair, "CompositeExplicitAutograd")
 packed_mm_pair = torch.ops.multihead.packed_mm_pair.default
 
@@ -456,3 +478,61 @@ def _packed_take_fake(
     qs: Tensor, scale: Tensor, zero: Tensor | None, index: Tensor, form: str, k: int
 ) -> Tensor:
     return scale.new_empty(index.shape[0], k, dtype=torch.float32)
+
+
+# -- the small ops around a decoding step's products ----------------------------------------
+
+
+def rms_norm_row(x: Tensor, weight: Tensor | None, eps: float) -> Tensor | None:
+    """RMSNorm of ONE row x (..., K) (float32, contiguous, on the CPU; a weight of K float32
+    values or None) by one C call: a decoding step's norm, where torch's seven small ops
+    (`RMSNorm.plain`) cost ~20 us and this ~3. Values within float32 rounding of
+    `F.rms_norm` (the sum of squares in another order: see kernels.c). None where the kernels
+    are missing or traced: the caller's torch path."""
+    if torch.compiler.is_compiling():
+        return None
+    lib = _library()
+    if lib is None:
+        return None
+    y = torch.empty(x.shape, dtype=torch.float32)  # (the C code writes float32)
+    w = None if weight is None else weight.data_ptr()
+    lib.mh_rms_norm(x.data_ptr(), w, eps, y.data_ptr(), 1, x.shape[-1])
+    return y
+
+
+def rope_rows_(x: Tensor, cos: Tensor, signed: Tensor) -> bool:
+    """Rotate x's rows (n contiguous float32 rows of D on the CPU) in place by one position's
+    tables cos and signed (D contiguous float32 values each): `RotaryEmbedding.rotate_heads_`'s
+    values bit for bit, in one C call instead of six torch ops. False (nothing done) where the
+    kernels are missing or traced."""
+    if torch.compiler.is_compiling():
+        return False
+    lib = _library()
+    if lib is None:
+        return False
+    D = x.shape[-1]
+    lib.mh_rope_rows(x.data_ptr(), cos.data_ptr(), signed.data_ptr(), x.numel() // D, D)
+    return True
+
+
+def attend_one(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+    """A decoding step's attention by one C call: q (1, H, 1, D) contiguous, keys k and values
+    v (1, Hkv, Tk, D) whose rows are contiguous (a cache's buffer narrowed: any head stride),
+    float32 on the CPU, H a multiple of Hkv, every key seen, scale D^-1/2 -> (1, 1, H * D):
+    softmax(q K^T / sqrt(D)) V per head, the heads side by side (what the output projection
+    reads). Values within float32 rounding of SDPA's (~45 us a SmolLM2 layer at 128 keys, one
+    thread, against a few us here). None where the kernels are missing or traced. The caller
+    checks the shapes, strides and dtypes."""
+    if torch.compiler.is_compiling():
+        return None
+    lib = _library()
+    if lib is None:
+        return None
+    H, D = q.shape[1], q.shape[3]
+    Hkv, T = k.shape[1], k.shape[2]
+    out = torch.empty(1, 1, H * D, dtype=torch.float32)
+    lib.mh_attend_one(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1), out.data_ptr(),
+        H, Hkv, T, D, D**-0.5,
+    )  # fmt: skip
+    return out

@@ -45,6 +45,7 @@ from .kernels import (
     packed_take,
     run_kernel,
     run_pair,
+    run_pair_silu,
     tiled_transposed,
 )
 
@@ -336,6 +337,37 @@ def linear_pair(first: nn.Module, second: nn.Module, x: Tensor) -> tuple[Tensor,
                 u, v = y.split((a.shape[0], b.shape[0]), dim=1)
                 return u.view(*shape[:-1], a.shape[0]), v.view(*shape[:-1], b.shape[0])
     return first(x), second(x)
+
+
+def silu_pair(first: nn.Module, second: nn.Module, x: Tensor) -> Tensor | None:
+    """`F.silu(first(x)) * second(x)` (SwiGLU's hidden row) by one C call where `linear_pair`
+    would make its one kernel call (both packed alike, no bias or hooks, one row of float32
+    activations on the CPU, no gradient, eager) and gate and up have one width: the products'
+    values as that call gives them, the SiLU within float32 rounding of torch's. None
+    elsewhere: the caller takes `linear_pair` and torch's ops."""
+    if (
+        type(first) is not QuantizedLinear
+        or type(second) is not QuantizedLinear
+        or x.dtype is not torch.float32
+        or not x.is_cpu
+        or (x.requires_grad and torch.is_grad_enabled())
+        or first.bias is not None
+        or second.bias is not None
+        or torch.compiler.is_compiling()
+        or not (_no_hooks(first) and _no_hooks(second))
+    ):
+        return None
+    a: PackedRows = first._modules["packed"]  # type: ignore[assignment]
+    b: PackedRows = second._modules["packed"]  # type: ignore[assignment]
+    shape = x.shape
+    if a.form != b.form or x.numel() != shape[-1] or a.shape[0] != b.shape[0]:
+        return None
+    pa, pb = a._row_args(), b._row_args()
+    if pa is None or pb is None or pa.half != pb.half or not shape[-1] == pa.k == pb.k:
+        return None
+    # (..., K) -> (1, K) -> (1, N) -> (..., N)
+    y = run_pair_silu(x.reshape(1, shape[-1]).contiguous(), a.form == "int4", pa, pb)
+    return y.view(*shape[:-1], a.shape[0])
 
 
 def _pair_matmul(a: PackedRows, b: PackedRows, x: Tensor) -> Tensor | None:
