@@ -105,6 +105,7 @@ def test_decoding_with_the_small_ops_in_c_matches_torch_ops_and_hooks(monkeypatc
         with monkeypatch.context() as patch:
             patch.setattr(norm_module, "rms_norm_row", lambda *a: None)
             patch.setattr(attention_plain, "rope_rows_", lambda *a: False)
+            patch.setattr(attention_plain, "_append_attend_row", lambda *a: None)
             patch.setattr(attention_plain, "_attend_one_row", lambda *a: None)
             expected = _decode(model, ids)
         for g, e in zip(got, expected, strict=True):
@@ -200,3 +201,52 @@ def test_swiglu_packed_row_is_silu_of_the_pair_within_rounding(form, stored, mon
     assert fused == [1, 1, 1, 1]  # asked each time, answered only above
     assert real(mlp.gate, mlp.up, torch.randn(2, K)) is None
     assert real(mlp.gate, mlp.up, x.clone().requires_grad_()) is None
+
+
+def test_append_and_attention_in_one_call_equal_the_two_steps(monkeypatch):
+    model, ids = _model(), torch.randint(0, 61, (1, 5))
+    fused = []
+    real = attention_plain._append_attend_row
+
+    def spy(*args):
+        out = real(*args)
+        fused.append(out is not None)
+        return out
+
+    monkeypatch.setattr(attention_plain, "_append_attend_row", spy)
+    with torch.no_grad():
+        got = _decode(model, ids)
+        assert fused == [True] * 3 * 2  # three one-token steps, two layers: all answered
+        monkeypatch.setattr(attention_plain, "_append_attend_row", lambda *a: None)
+        expected = _decode(model, ids)
+        # the caches hold the same keys and counts either way
+        a, b = model.make_caches(1, max_length=9), model.make_caches(1, max_length=9)
+        model(ids, caches=a)
+        model(ids, caches=b)
+        token = got[0].argmax(-1)[:, None]
+        monkeypatch.setattr(attention_plain, "_append_attend_row", spy)
+        model(token, caches=a)
+        monkeypatch.setattr(attention_plain, "_append_attend_row", lambda *a: None)
+        model(token, caches=b)
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g, e)
+    for x, y in zip(a, b, strict=True):
+        assert (x.length, x._stored) == (y.length, y._stored) == (6, 6)
+        assert torch.equal(x._kv, y._kv)
+
+
+def test_append_slot_declines_what_append_plain_must_handle():
+    from multihead.modules.cache import KVCache
+
+    cache = KVCache(1, 2, 8, max_length=2)
+    owner, other = object(), object()
+    assert cache.plain_row_slot(owner, 2, 8) is not None
+    assert (cache.length, cache._stored) == (1, 1)
+    assert cache.plain_row_slot(other, 2, 8) is None  # another module's cache
+    assert cache.plain_row_slot(owner, 3, 8) is None  # another layout
+    assert cache.plain_row_slot(owner, 2, 8) is not None
+    assert cache.plain_row_slot(owner, 2, 8) is None  # full: append_plain raises
+    assert (cache.length, cache._stored) == (2, 2)
+    assert KVCache(1, 2, 8).plain_row_slot(owner, 2, 8) is None  # no buffer
+    assert KVCache(1, 2, 8, max_length=4, window=2).plain_row_slot(owner, 2, 8) is None
+    assert KVCache(2, 2, 8, max_length=4).plain_row_slot(owner, 2, 8) is None  # two rows

@@ -18,7 +18,7 @@ from ..positional.scheme import PositionScheme
 from .attention_inputs import check_positions
 from .cache import KVCache
 from .projections import linear
-from .quantized.kernels import attend_one, rope_rows_
+from .quantized.kernels import append_attend, attend_one, kernels_available, rope_rows_
 
 
 def plain_forward(
@@ -61,6 +61,10 @@ def plain_forward(
         q, k, v = heads.split_with_sizes((H, Hkv, Hkv), dim=1)
         out = dispatch_plain(q, k, v, causal, dropout_p)
     else:
+        if B == 1 and T == 1 and dropout_p == 0.0:  # a decoding step's row: one C call
+            merged = _append_attend_row(module, heads, H, Hkv, cache)  # (1, 1, H * D)
+            if merged is not None:
+                return _project_out(out_proj, merged, direct)
         # (B, H + 2 Hkv, T, D) -> q (B, H, T, D), kv (B, 2 Hkv, T, D): the cache takes k and v
         # together (a static one in one copy)
         q, kv = heads.split_with_sizes((H, 2 * Hkv), dim=1)
@@ -87,6 +91,32 @@ def _project_out(out_proj: Any, merged: Tensor, direct: bool) -> Tensor:
         params = out_proj._parameters
         return F.linear(merged, params["weight"], params["bias"])
     return linear(out_proj, merged)
+
+
+def _append_attend_row(
+    module: Any, heads: Tensor, H: int, Hkv: int, cache: KVCache
+) -> Tensor | None:
+    """A decoding step's append and attention (one token, one row: heads (1, H + 2 Hkv, 1, D)
+    rotated) as one C call (`kernels.append_attend`): the keys and values written into the
+    cache's buffer at its next slot (`KVCache.plain_row_slot`, which moves the counts on as
+    `append_plain` does), then `_attend_one_row`'s attention over every cached key: its
+    values bit for bit. None, the cache untouched, where the two steps must run apart."""
+    D = heads.shape[3]
+    if (
+        heads.dtype is not torch.float32
+        or not heads.is_cpu
+        or (heads.requires_grad and torch.is_grad_enabled())
+        or D == 0
+        or not heads.is_contiguous()
+        or not (_plain_order and _plain_order[0] is SDPA_BACKEND)
+        or torch.compiler.is_compiling()
+        or not kernels_available()
+    ):
+        return None
+    slot = cache.plain_row_slot(module, Hkv, D)
+    if slot is None:
+        return None
+    return append_attend(heads, slot[0], slot[1], H)
 
 
 def _attend_one_row(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:

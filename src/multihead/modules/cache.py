@@ -259,6 +259,37 @@ class KVCache(_SelfAttentionCache):
             assert self._mask is not None
             self._mask[:, :n] = True
 
+    def plain_row_slot(
+        self, module: Any, kv_heads: int, head_dim: int
+    ) -> tuple[Tensor, int] | None:
+        """For the plain path's one-token step of one row (float32 on the CPU): this cache's
+        buffer (1, 2 Hkv, room, D) and the slot s where the step's keys and values go, the
+        counts moved on as `append_plain` moves them (the caller writes the slot before anything
+        reads the cache: `kernels.append_attend`). None, nothing changed, where `append_plain`
+        must run: no single buffer, a window, padding, no room (it raises), another layout or
+        dtype (it names the mismatch), another module's cache (it raises)."""
+        buffer = self._kv
+        if (
+            buffer is None
+            or self.window is not None
+            or self._padded
+            or self.batch_size != 1
+            or self.num_kv_heads != kv_heads
+            or self.head_dim != head_dim
+            or self.dtype is not torch.float32
+            or buffer.device.type != "cpu"
+            or not buffer.is_contiguous()
+            or self.length + 1 > self.max_length  # type: ignore[operator]
+            or self._stored >= buffer.shape[2]
+            or (self._owner is not None and self._owner != id(module))
+        ):
+            return None
+        self._owner = id(module)
+        s = self._stored
+        self._stored = s + 1
+        self.length += 1
+        return buffer, s
+
     def append_plain(
         self, module: Any, kv: Tensor
     ) -> tuple[Tensor, Tensor, Tensor | None, int | None]:

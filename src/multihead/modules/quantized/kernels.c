@@ -599,3 +599,15 @@ void mh_pair_silu(int int4, const float *x, const void *qa, const void *sa, cons
     }
     free(both);
 }
+
+/* A decoding step's keys and values appended, then its attention: the fused projection's row
+   (H query heads, Hkv key heads, Hkv value heads of D, contiguous) writes its keys and values
+   at position s of a cache buffer (keys of head g at kv + g * hs, values at kv + (Hkv + g) * hs,
+   rows of D), then mh_attend_one over the s + 1 keys: the copy and the call made apart, so
+   the same values. out (H, D). */
+void mh_append_attend(const float *row, float *kv, long hs, long s, float *out, long H, long Hkv,
+                      long D, float scale) {
+    for (long g = 0; g < 2 * Hkv; g++)
+        memcpy(kv + g * hs + s * D, row + (H + g) * D, sizeof(float) * D);
+    mh_attend_one(row, kv, kv + Hkv * hs, hs, hs, out, H, Hkv, s + 1, D, scale);
+}

@@ -112,6 +112,8 @@ def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.mh_attend_one.restype = None
     lib.mh_pair_silu.argtypes = lib.mh_pair_mv.argtypes
     lib.mh_pair_silu.restype = None
+    lib.mh_append_attend.argtypes = [f, f, i64, i64, f, i64, i64, i64, ctypes.c_float]
+    lib.mh_append_attend.restype = None
     lib.mh_isa.restype = i32
     return lib
 
@@ -534,5 +536,23 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
     lib.mh_attend_one(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1), out.data_ptr(),
         H, Hkv, T, D, D**-0.5,
+    )  # fmt: skip
+    return out
+
+
+def append_attend(heads: Tensor, buffer: Tensor, stored: int, H: int) -> Tensor:
+    """`attend_one` after writing this step's keys and values into a cache's buffer, by one C
+    call: heads (1, H + 2 Hkv, 1, D) contiguous float32 (queries, keys, values of the fused
+    projection, rotated), buffer (1, 2 Hkv, room, D) contiguous float32 (keys, then values),
+    `stored` keys held before this one -> (1, 1, H * D) over the stored + 1 keys. The caller
+    checks shapes and room, that the kernels exist (`kernels_available`) and that nothing is
+    traced, and keeps the cache's counts."""
+    lib = _library()
+    assert lib is not None
+    D = heads.shape[3]
+    out = torch.empty(1, 1, H * D, dtype=torch.float32)
+    lib.mh_append_attend(
+        heads.data_ptr(), buffer.data_ptr(), buffer.stride(1), stored, out.data_ptr(), H,
+        buffer.shape[1] // 2, D, D**-0.5,
     )  # fmt: skip
     return out
