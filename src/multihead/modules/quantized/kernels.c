@@ -514,6 +514,28 @@ void mh_rope_rows(float *x, const float *cos, const float *sgn, long n, long D) 
    k + g * ks, T rows of D floats (row stride D; likewise v with vs): a cache's buffer read in
    place. No mask (every key is seen). The sums in float32 chains of their own: values within
    float32 rounding of SDPA's. */
+#if MH_ISA == 512
+/* e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by Cephes' degree-6
+   polynomial for expf, times 2^n by vscalefps (which gives inf past the top and 0 or a
+   subnormal below, as expf does); NaN stays NaN (the clamps let it through). Within ~2 ulp of
+   expf. */
+static inline __m512 mh_exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
 static inline float mh_dot(const float *restrict a, const float *restrict b, long D) {
     float s = 0.0f;
     for (long d = 0; d < D; d++) s += a[d] * b[d];
@@ -555,7 +577,20 @@ void mh_attend_one(const float *q, const float *k, const float *v, long ks, long
         for (; t < T; t++) p[t] = mh_dot(qh, kg + t * D, D) * scale;
         for (t = 0; t < T; t++)
             if (p[t] > top) top = p[t];
-        for (t = 0; t < T; t++) {
+        t = 0;
+#if MH_ISA == 512
+        {
+            __m512 sum = _mm512_setzero_ps();
+            const __m512 m = _mm512_set1_ps(top);
+            for (; t + 16 <= T; t += 16) {
+                const __m512 e = mh_exp16(_mm512_sub_ps(_mm512_loadu_ps(p + t), m));
+                _mm512_storeu_ps(p + t, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            total = _mm512_reduce_add_ps(sum);
+        }
+#endif
+        for (; t < T; t++) {
             p[t] = expf(p[t] - top);
             total += p[t];
         }
@@ -593,7 +628,16 @@ void mh_pair_silu(int int4, const float *x, const void *qa, const void *sa, cons
                   float *y, long K, int threads) {
     float *both = (float *)malloc(sizeof(float) * (NA + NB));
     mh_pair_mv(int4, x, qa, sa, za, NA, qb, sb, zb, NB, half, both, K, threads);
-    for (long i = 0; i < NA; i++) {
+    long i = 0;
+#if MH_ISA == 512
+    for (; i + 16 <= NA; i += 16) {
+        const __m512 g = _mm512_loadu_ps(both + i);
+        const __m512 e = mh_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(silu, _mm512_loadu_ps(both + NA + i)));
+    }
+#endif
+    for (; i < NA; i++) {
         const float g = both[i];
         y[i] = (g / (1.0f + expf(-g))) * both[NA + i];
     }
