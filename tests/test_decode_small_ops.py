@@ -3,6 +3,8 @@ and of the float64 textbook, RoPE bit for bit as `rotate_heads_`, the one-query 
 the cache within float32 rounding of SDPA and of the float64 textbook; the torch paths wherever
 a gradient, several rows or another dtype is involved."""
 
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,7 @@ import multihead.modules.feedforward as feedforward
 import multihead.modules.norm as norm_module
 from multihead import CausalLM, LMConfig
 from multihead.modules.norm import RMSNorm
-from multihead.modules.quantized import QuantizedLinear, kernels_available
+from multihead.modules.quantized import QuantizedLinear, kernels, kernels_available
 from multihead.modules.quantized.linear import linear_pair
 from test_quantized_prefill import CASES, packed_matrix, textbook
 
@@ -250,3 +252,36 @@ def test_append_slot_declines_what_append_plain_must_handle():
     assert KVCache(1, 2, 8).plain_row_slot(owner, 2, 8) is None  # no buffer
     assert KVCache(1, 2, 8, max_length=4, window=2).plain_row_slot(owner, 2, 8) is None
     assert KVCache(2, 2, 8, max_length=4).plain_row_slot(owner, 2, 8) is None  # two rows
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 compiler flags")
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
+def test_small_ops_of_the_avx2_and_scalar_builds(flags, monkeypatch):
+    """The same C ops compiled without AVX-512 (libm's exp, scalar loops) and without AVX2."""
+    lib = kernels._library(flags)
+    assert lib is not None and lib.mh_isa() != 512
+    monkeypatch.setattr(kernels, "_library", lambda extra=(): lib)
+    # the attention (D a multiple of 16 and not), against SDPA
+    for heads, kv_heads, dim, keys in ((9, 3, 64, 128), (6, 2, 40, 37)):
+        test_one_query_attention_over_a_cache_is_sdpa_within_rounding(heads, kv_heads, dim, keys)
+    # the norm against F.rms_norm; a decoding model's steps against torch's ops
+    norm = RMSNorm(77, eps=1e-5)
+    x = torch.randn(1, 77) * 3
+    with torch.no_grad():
+        torch.testing.assert_close(norm(x), F.rms_norm(x, (77,), norm.weight, 1e-5))
+        model, ids = _model(), torch.randint(0, 61, (1, 6))
+        got = _decode(model, ids)
+        monkeypatch.setattr(norm_module, "rms_norm_row", lambda *a: None)
+        monkeypatch.setattr(attention_plain, "_append_attend_row", lambda *a: None)
+        monkeypatch.setattr(attention_plain, "_attend_one_row", lambda *a: None)
+        monkeypatch.setattr(attention_plain, "rope_rows_", lambda *a: False)
+        expected = _decode(model, ids)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    # SwiGLU's hidden row: the pair's products, then the SiLU in C
+    gate = QuantizedLinear(packed_matrix("int4", 64, 96, "float16", seed=5))
+    up = QuantizedLinear(packed_matrix("int4", 64, 96, "float16", seed=6))
+    x = torch.randn(1, 96)
+    with torch.no_grad():
+        g, u = linear_pair(gate, up, x)
+        torch.testing.assert_close(feedforward.silu_pair(gate, up, x), F.silu(g) * u)
