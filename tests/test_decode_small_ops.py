@@ -134,7 +134,7 @@ def _textbook_attention(q, k, v):
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "keys"),
-    [(9, 3, 64, 128), (4, 4, 16, 1), (6, 2, 40, 37), (2, 1, 8, 1500)],
+    [(9, 3, 64, 128), (4, 4, 16, 1), (6, 2, 40, 37), (2, 1, 8, 1500), (8, 2, 64, 600)],
 )
 def test_one_query_attention_over_a_cache_is_sdpa_within_rounding(heads, kv_heads, dim, keys):
     torch.manual_seed(keys)

@@ -542,15 +542,15 @@ static inline float mh_dot(const float *restrict a, const float *restrict b, lon
     return s;
 }
 
-void mh_attend_one(const float *q, const float *k, const float *v, long ks, long vs, float *out,
-                   long H, long Hkv, long T, long D, float scale) {
-    float stack[1024];
-    float *p = T <= 1024 ? stack : (float *)malloc(sizeof(float) * T);
+/* head h of mh_attend_one; p: T floats of scratch */
+static void mh_attend_head(const float *q, const float *k, const float *v, long ks, long vs,
+                           float *out, long h, long H, long Hkv, long T, long D, float scale,
+                           float *p) {
     const long group = H / Hkv;
 #if MH_ISA == 512
     const int wide = D % 16 == 0 && D <= 256; /* the vector path: D/16 registers per row */
 #endif
-    for (long h = 0; h < H; h++) {
+    {
         const float *qh = q + h * D, *kg = k + (h / group) * ks, *vg = v + (h / group) * vs;
         float *restrict oh = out + h * D;
         float top = -INFINITY, total = 0.0f;
@@ -608,7 +608,7 @@ void mh_attend_one(const float *q, const float *k, const float *v, long ks, long
             }
             for (long j = 0; j < n; j++)
                 _mm512_storeu_ps(oh + 16 * j, _mm512_mul_ps(acc[j], _mm512_set1_ps(inv)));
-            continue;
+            return;
         }
 #endif
         for (long d = 0; d < D; d++) oh[d] = 0.0f;
@@ -616,7 +616,19 @@ void mh_attend_one(const float *q, const float *k, const float *v, long ks, long
             for (long d = 0; d < D; d++) oh[d] += p[t] * vg[t * D + d];
         for (long d = 0; d < D; d++) oh[d] *= inv;
     }
-    if (p != stack) free(p);
+}
+
+/* (the heads split over `threads` where the work is large: a long cache) */
+void mh_attend_one(const float *q, const float *k, const float *v, long ks, long vs, float *out,
+                   long H, long Hkv, long T, long D, float scale, int threads) {
+    #pragma omp parallel num_threads(threads) if (threads > 1 && H > 1)
+    {
+        float stack[1024];
+        float *p = T <= 1024 ? stack : (float *)malloc(sizeof(float) * T);
+        #pragma omp for schedule(static)
+        for (long h = 0; h < H; h++) mh_attend_head(q, k, v, ks, vs, out, h, H, Hkv, T, D, scale, p);
+        if (p != stack) free(p);
+    }
 }
 
 /* y (1, NA) = silu(x A^T) * (x B^T) for x (1, K): SwiGLU's gate A and up B read with one call
@@ -650,8 +662,8 @@ void mh_pair_silu(int int4, const float *x, const void *qa, const void *sa, cons
    rows of D), then mh_attend_one over the s + 1 keys: the copy and the call made apart, so
    the same values. out (H, D). */
 void mh_append_attend(const float *row, float *kv, long hs, long s, float *out, long H, long Hkv,
-                      long D, float scale) {
+                      long D, float scale, int threads) {
     for (long g = 0; g < 2 * Hkv; g++)
         memcpy(kv + g * hs + s * D, row + (H + g) * D, sizeof(float) * D);
-    mh_attend_one(row, kv, kv + Hkv * hs, hs, hs, out, H, Hkv, s + 1, D, scale);
+    mh_attend_one(row, kv, kv + Hkv * hs, hs, hs, out, H, Hkv, s + 1, D, scale, threads);
 }

@@ -108,11 +108,11 @@ def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.mh_rms_norm.argtypes = [f, f, ctypes.c_float, f, i64, i64]
     lib.mh_rope_rows.argtypes = [f, f, f, i64, i64]
     lib.mh_rms_norm.restype = lib.mh_rope_rows.restype = None
-    lib.mh_attend_one.argtypes = [f, f, f, i64, i64, f, i64, i64, i64, i64, ctypes.c_float]
+    lib.mh_attend_one.argtypes = [f, f, f, i64, i64, f, i64, i64, i64, i64, ctypes.c_float, i32]
     lib.mh_attend_one.restype = None
     lib.mh_pair_silu.argtypes = lib.mh_pair_mv.argtypes
     lib.mh_pair_silu.restype = None
-    lib.mh_append_attend.argtypes = [f, f, i64, i64, f, i64, i64, i64, ctypes.c_float]
+    lib.mh_append_attend.argtypes = [f, f, i64, i64, f, i64, i64, i64, ctypes.c_float, i32]
     lib.mh_append_attend.restype = None
     lib.mh_isa.restype = i32
     return lib
@@ -517,6 +517,14 @@ def rope_rows_(x: Tensor, cos: Tensor, signed: Tensor) -> bool:
     return True
 
 
+ATTEND_PARALLEL_MIN = 1 << 18  # H * keys * D below which one thread attends (fork-join costs more)
+
+
+def _attend_threads(work: int) -> int:
+    """Threads for a one-query attention of `work` = heads * keys * D values (split by head)."""
+    return torch.get_num_threads() if work >= ATTEND_PARALLEL_MIN else 1
+
+
 def attend_one(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
     """A decoding step's attention by one C call: q (1, H, 1, D) contiguous, keys k and values
     v (1, Hkv, Tk, D) whose rows are contiguous (a cache's buffer narrowed: any head stride),
@@ -535,7 +543,7 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
     out = torch.empty(1, 1, H * D, dtype=torch.float32)
     lib.mh_attend_one(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1), out.data_ptr(),
-        H, Hkv, T, D, D**-0.5,
+        H, Hkv, T, D, D**-0.5, _attend_threads(H * T * D),
     )  # fmt: skip
     return out
 
@@ -553,6 +561,6 @@ def append_attend(heads: Tensor, buffer: Tensor, stored: int, H: int) -> Tensor:
     out = torch.empty(1, 1, H * D, dtype=torch.float32)
     lib.mh_append_attend(
         heads.data_ptr(), buffer.data_ptr(), buffer.stride(1), stored, out.data_ptr(), H,
-        buffer.shape[1] // 2, D, D**-0.5,
+        buffer.shape[1] // 2, D, D**-0.5, _attend_threads(H * (stored + 1) * D),
     )  # fmt: skip
     return out
