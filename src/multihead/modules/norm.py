@@ -151,7 +151,7 @@ def _row_kernel_reads(x: Tensor, w: Tensor | None) -> bool:
     return (
         x.is_contiguous()
         and not (grad and x.requires_grad)
-        and (w is None or (w.is_contiguous() and not (grad and w.requires_grad)))
+        and (w is None or (w.is_cpu and w.is_contiguous() and not (grad and w.requires_grad)))
     )
 
 
