@@ -92,16 +92,18 @@ class _Blocked(torch.autograd.Function):
         N = x.shape[0]
         grad = grad.contiguous()
         gx = gw = gb = None
-        batched = want_w and _equal(widths)
+        batched = _equal(widths)
         if want_w:
             gw = weight.new_empty(weight.shape)  # (contiguous: the batched product's out)
-        if batched:  # one product for every block (one parallel region, not one a block)
-            assert gw is not None
+        if gw is not None and batched:  # one product for all blocks: one region, not three
             n, w = len(widths), widths[0]
             g3 = grad.view(n, N, w).transpose(1, 2)  # (n, w, N)
             torch.bmm(g3, x.expand(n, *x.shape), out=gw.view(n, w, -1))
         if want_b and ctx.has_bias:
             gb = weight.new_empty(weight.shape[0])
+        if gb is not None and batched:  # every block's column sums in one reduction
+            n, w = len(widths), widths[0]
+            torch.sum(grad.view(n, N, w), dim=1, out=gb.view(n, w))
         row = 0
         for w, g in zip(widths, _split(grad, N, widths), strict=True):
             rows = slice(row, row + w)
@@ -109,7 +111,7 @@ class _Blocked(torch.autograd.Function):
                 gx = g @ weight[rows] if gx is None else gx.addmm_(g, weight[rows])
             if gw is not None and not batched:
                 torch.mm(g.t(), x, out=gw[rows])
-            if gb is not None:
+            if gb is not None and not batched:
                 torch.sum(g, dim=0, out=gb[rows])
             row += w
         return gx, gw, gb, None
