@@ -198,3 +198,34 @@ def test_flex_column_stays_compiled_row_after_row(recwarn):
             run()
             assert build_seconds >= 0
     assert not [w for w in recwarn if "without torch.compile" in str(w.message)]
+
+
+def test_rows_report_how_many_fast_path_calls_ran_inline(monkeypatch):
+    """The "inline" cell counts the structured contender's fast-path calls that the per-call
+    thread choice ran inline, of all it made (forward and backward, each time it ran)."""
+    import torch
+
+    from multihead.functional.backends import tile_threads
+
+    def once(fns, **kwargs):  # every contender run once, as one round
+        times = {}
+        for name, fn in fns.items():
+            fn()
+            times[name] = [1.0]
+        return times
+
+    monkeypatch.setattr(attention_structure, "measure_rounds", once)
+    monkeypatch.setattr(attention_structure, "_flex", lambda *a: "n/a (skipped)")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(tile_threads, "_runnable", lambda: 1)  # free cores
+        row = attention_structure.module_row("window", 1024, repeats=1)
+        assert row[attention_structure.HEADERS.index("inline")] == "2/2"  # small: inline
+        monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6)  # taken
+        row = attention_structure.module_row("window", 1024, repeats=1)
+        assert row[attention_structure.HEADERS.index("inline")] == "0/2"
+    finally:
+        torch.set_num_threads(before)
+    assert attention_structure.inline_cell([]) == ""  # the general plan: no fast path
+    assert attention_structure.inline_cell([1, 2, 2]) == "1/3"

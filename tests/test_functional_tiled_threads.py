@@ -323,3 +323,30 @@ def test_the_per_call_choice_equals_the_reference_function_and_module(monkeypatc
         assert chosen[per_pass:] == [threads] * per_pass
     finally:
         torch.set_num_threads(before)
+
+
+def test_recorded_choices_lists_each_fast_path_call_of_its_block(monkeypatch, two_threads):
+    """`recorded_choices`: the choice of every fast-path call (forward, then backward) made
+    inside the block, 1 where it ran inline; nothing outside it; the values unchanged."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, T, D, generator=gen, requires_grad=True) for _ in range(3))
+    assert tile_threads._choices.get() is None
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 1)  # free cores: a small call inline
+    with tile_threads.recorded_choices() as free:
+        out = attention(q, k, v, causal=True, window=40, backend="tiled")
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6)  # taken: the workers
+    with tile_threads.recorded_choices() as taken:
+        out_w = attention(q, k, v, causal=True, window=40, backend="tiled")
+        grads_w = torch.autograd.grad(out_w.sum(), (q, k, v))
+    attention(q, k, v, causal=True, window=40, backend="tiled")  # outside any block: not recorded
+    assert free == [1, 1] and taken == [2, 2]
+    assert tile_threads._choices.get() is None
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    i = torch.arange(T)
+    allowed = (i[None] <= i[:, None]) & (i[:, None] - i[None] < 40)
+    ref, _ = reference_attention(q64, k64, v64, mask=allowed)
+    want = (ref, *torch.autograd.grad(ref.sum(), (q64, k64, v64)))
+    for got in ((out, *grads), (out_w, *grads_w)):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-4)

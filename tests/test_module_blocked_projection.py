@@ -156,3 +156,35 @@ def test_a_parametrized_in_proj_runs_through_its_own_forward():
     x = torch.randn(1, 1030, 16, dtype=torch.float64)
     for args in ({}, {"window": 64}):
         assert_close(m(x, **args), plain(x, **args), torch.float64)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_equal_blocks_run_as_one_batched_product_even_on_a_strided_weight(bias, monkeypatch):
+    """Equal widths (q, k, v without grouped heads) run the forward and the weight gradient
+    as one batched product each (one parallel region instead of one per block), on a weight
+    that is not contiguous too: equal to F.linear and its gradients (fp64)."""
+    from multihead.modules import blocked_projection as bp
+
+    calls = []
+    for name in ("bmm", "baddbmm"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(
+            torch, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k)
+        )
+    gen = torch.Generator().manual_seed(3)
+    widths = (8, 8, 8)
+    x = torch.randn(3, 7, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    W = torch.randn(16, 24, dtype=torch.float64, generator=gen).t().requires_grad_()  # strided
+    b = torch.randn(24, dtype=torch.float64, generator=gen, requires_grad=True) if bias else None
+    inputs = [t for t in (x, W, b) if t is not None]
+    got = blocked_projection(x, W, b, widths)
+    want = F.linear(x, W, b).split(widths, dim=-1)
+    gs = [torch.randn(p.shape, dtype=torch.float64, generator=gen) for p in want]
+    for a, c in zip(got, want, strict=True):
+        assert_close(a, c, torch.float64)
+    for a, c in zip(
+        torch.autograd.grad(got, inputs, gs), torch.autograd.grad(want, inputs, gs), strict=True
+    ):
+        assert_close(a, c, torch.float64)
+    assert calls == ["baddbmm" if bias else "bmm", "bmm"]  # forward, then the weight gradient
+    assert bp._equal((8, 8, 8)) and not bp._equal((32, 8, 8)) and not bp._equal((8,))

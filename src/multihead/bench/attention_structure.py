@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..functional import attention, block_mask, masks
+from ..functional.backends.tile_threads import recorded_choices
 from ..modules import MultiHeadAttention
 from ..table import format_table
 from .timing import environment, measure_rounds, median_ratio
@@ -128,6 +129,26 @@ def _train(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
     return lambda: fn().sum().backward()
 
 
+def _recording(fn: Callable[[], None], seen: list[int]) -> Callable[[], None]:
+    """fn, adding the per-call thread choices of its fast-path calls to seen."""
+
+    def run() -> None:
+        with recorded_choices() as now:
+            fn()
+        seen.extend(now)
+
+    return run
+
+
+def inline_cell(seen: list[int]) -> str:
+    """The "inline" cell: how many of a contender's fast-path calls (forward and backward, every
+    round and the warm-up) ran inline (`tile_threads.per_call` chose 1), of how many; empty
+    where none ran (the general tile plan)."""
+    if not seen:
+        return ""
+    return f"{sum(1 for n in seen if n <= 1)}/{len(seen)}"
+
+
 BUILDS = 3  # plan builds timed per row (median)
 T_ = TypeVar("T_")
 
@@ -201,9 +222,10 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
     bare = structure_args(kind, T)
     args, build_cell = held(kind, T, bare)
     dense = dense_mask(kind, T)
+    seen: list[int] = []  # the structured contender's per-call thread choices
     fns = {
         "causal": _train(lambda: attention(q, k, v, causal=True)),
-        "structured": _train(lambda: attention(q, k, v, causal=True, **args)),
+        "structured": _recording(_train(lambda: attention(q, k, v, causal=True, **args)), seen),
         "dense sdpa": _train(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)),
         "structured fwd": lambda: _no_grad(lambda: attention(q, k, v, causal=True, **args)),
     }
@@ -224,7 +246,7 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
         kind, f"attention() T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
         f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x",
         f"{s['dense sdpa'] * 1e3:.0f}", f"{s['structured fwd'] * 1e3:.0f}", flex_cell,
-        build_cell, flex_build, per_call,
+        build_cell, flex_build, per_call, inline_cell(seen),
     ]  # fmt: skip
 
 
@@ -250,9 +272,10 @@ def module_row(kind: str, T: int, repeats: int) -> list[str]:
         qkv = F.linear(x, m.in_proj.weight, m.in_proj.bias)
         return F.linear(qkv[..., :512], m.out_proj.weight, m.out_proj.bias)
 
+    seen: list[int] = []  # the structured contender's per-call thread choices
     fns: dict[str, Callable[[], object]] = {
         "causal": _train(lambda: m(x)),
-        "structured": _train(lambda: m(x, **args)),
+        "structured": _recording(_train(lambda: m(x, **args)), seen),
         "dense mask": _train(lambda: m(x, mask=dense)),  # the path structure replaces
         "projections": _train(projections),
     }
@@ -267,7 +290,7 @@ def module_row(kind: str, T: int, repeats: int) -> list[str]:
     return [
         kind, f"module T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
         f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x",
-        f"{s['dense mask'] * 1e3:.0f}", "", "", build_cell, "", "",
+        f"{s['dense mask'] * 1e3:.0f}", "", "", build_cell, "", "", inline_cell(seen),
     ]  # fmt: skip
 
 
@@ -278,7 +301,7 @@ def holds(ratio_cell: str, target: float) -> str:
 
 HEADERS = ["mask", "call", "causal ms", "ideal ms", "structured ms", "/ideal",
            "dense-mask ms", "structured fwd ms", "flex fwd ms", "plan build ms",
-           "flex build ms", "per-call mod ms", "target", "holds"]  # fmt: skip
+           "flex build ms", "per-call mod ms", "inline", "target", "holds"]  # fmt: skip
 
 
 def rows(
@@ -319,7 +342,9 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         "projections + that share of the causal attention), per round; /ideal = the median "
         "over rounds of structured / ideal; dense-mask = SDPA under the "
         "(T, T) mask (function: torch's; module: mask=); flex = compiled flex_attention "
-        "with a BlockMask; target: issue 41's (function "
+        "with a BlockMask; inline = the structured call's fast-path calls (forward and "
+        "backward) that ran inline on torch's own threads, of all (the per-call thread "
+        "choice; the rest ran on the workers); target: issue 41's (function "
         f"{function_target:g}x{' beside a busy process' if contended else ''}, module "
         f"{MODULE_TARGET:g}x).",
         "",

@@ -61,6 +61,17 @@ class _Blocked(torch.autograd.Function):
     def forward(ctx, x, weight, bias, widths):
         N = x.shape[0]
         out = x.new_empty(N * sum(widths))
+        if _equal(widths):  # one batched product: one parallel region, not one per block
+            n, w = len(widths), widths[0]
+            w3 = weight.unflatten(0, (n, w)).transpose(1, 2)  # (n, C, w)
+            x3 = x.expand(n, *x.shape)  # (n, N, C), a view
+            if bias is None:
+                torch.bmm(x3, w3, out=out.view(n, N, w))
+            else:
+                torch.baddbmm(bias.view(n, 1, w), x3, w3, out=out.view(n, N, w))
+            ctx.save_for_backward(x, weight)
+            ctx.widths, ctx.has_bias = widths, bias is not None
+            return out
         row = 0
         for w, block in zip(widths, _split(out, N, widths), strict=True):
             if bias is None:
@@ -81,21 +92,37 @@ class _Blocked(torch.autograd.Function):
         N = x.shape[0]
         grad = grad.contiguous()
         gx = gw = gb = None
+        batched = _equal(widths)
         if want_w:
-            gw = torch.empty_like(weight)
+            gw = weight.new_empty(weight.shape)  # (contiguous: the batched product's out)
+        if gw is not None and batched:  # one product for all blocks: one region, not three
+            n, w = len(widths), widths[0]
+            g3 = grad.view(n, N, w).transpose(1, 2)  # (n, w, N)
+            torch.bmm(g3, x.expand(n, *x.shape), out=gw.view(n, w, -1))
         if want_b and ctx.has_bias:
             gb = weight.new_empty(weight.shape[0])
+        if gb is not None and batched:  # every block's column sums in one reduction
+            n, w = len(widths), widths[0]
+            torch.sum(grad.view(n, N, w), dim=1, out=gb.view(n, w))
         row = 0
         for w, g in zip(widths, _split(grad, N, widths), strict=True):
             rows = slice(row, row + w)
             if want_x:  # dx = sum over blocks of g_i W_i
                 gx = g @ weight[rows] if gx is None else gx.addmm_(g, weight[rows])
-            if gw is not None:
+            if gw is not None and not batched:
                 torch.mm(g.t(), x, out=gw[rows])
-            if gb is not None:
+            if gb is not None and not batched:
                 torch.sum(g, dim=0, out=gb[rows])
             row += w
         return gx, gw, gb, None
+
+
+def _equal(widths) -> bool:
+    """Whether every block has the same width (q, k, v without grouped-query heads): the
+    blocks then run as one batched product. Measured, 2 threads, loaded machine: the weight
+    gradient's three products as one bmm 0.84x-0.85x the time at T 1024 and 4096 (1 thread:
+    unchanged)."""
+    return len(widths) > 1 and all(w == widths[0] for w in widths)
 
 
 def _split(flat: Tensor, N: int, widths) -> list[Tensor]:

@@ -31,11 +31,12 @@ a fast path's small call on a machine whose cores are free (`per_call`, a probe 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -44,6 +45,10 @@ _lock = threading.Lock()
 _pools: dict[int, _Pool] = {}
 _pid = os.getpid()
 _local = threading.local()  # .worker: this thread is one of ours
+# The per-call choices of this context, while `recorded_choices` is open (else None)
+_choices: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "multihead_tile_choices", default=None
+)
 
 
 class _Batch:
@@ -155,10 +160,28 @@ def per_call(n: int, pairs: int) -> int:
     T 1024 and two threads: workers 1.35x-1.39x of its ideal, inline 1.20x-1.23x; but inline
     beside a busy process 1.95x-3.06x (each region waits for a descheduled thread), where the
     workers read 1.17x-1.30x. Where the count cannot be read (not Linux), the workers."""
-    if n <= 1 or pairs >= SMALL_PAIRS:
-        return n
-    running = _runnable()
-    return 1 if running is not None and running <= min(n, _cores()) else n
+    chosen = n
+    if n > 1 and pairs < SMALL_PAIRS:
+        running = _runnable()
+        chosen = 1 if running is not None and running <= min(n, _cores()) else n
+    seen = _choices.get()
+    if seen is not None:
+        seen.append(chosen)
+    return chosen
+
+
+@contextlib.contextmanager
+def recorded_choices() -> Iterator[list[int]]:
+    """Within the block, the thread count `per_call` chose for each fast-path call (forward
+    and backward) made in this context, in order: 1 where the call ran inline, else its
+    workers. For the benchmark, to check the choice in each condition (issue 41); nothing
+    is recorded outside the block."""
+    seen: list[int] = []
+    token = _choices.set(seen)
+    try:
+        yield seen
+    finally:
+        _choices.reset(token)
 
 
 def _runnable() -> int | None:
