@@ -7,15 +7,16 @@ threads, grouped-query heads, different documents per batch row, a length that i
 whole number of blocks); a grid that is not inside a band, or whose band costs more than the
 plan's tiles, is refused and runs the general plan with the right values."""
 
+import functools
+
 import pytest
 import torch
 
-from helpers_structure import B, H, qkv
+from helpers_structure import B, H, grads, qkv
 from multihead import MultiHeadAttention, attention
 from multihead.functional import block_mask
 from multihead.functional.backends import tiled as tiled_backend
 from multihead.functional.mask_band import band_of_grid
-from test_functional_mask_mod import check
 
 from conftest import assert_close
 from reference import reference_attention
@@ -46,6 +47,35 @@ def dense(fn, causal: bool = False) -> torch.Tensor:
     return got & (i.view(-1, 1) >= i.view(1, -1)) if causal else got
 
 
+def inputs(seed: int, hkv: int = H):
+    torch.manual_seed(seed)
+    return qkv(N, N, hkv)
+
+
+@functools.cache
+def expected(fn, seed: int, hkv: int = H):
+    """The fp64 reference's output and gradients (`helpers_structure.grads`) of inputs(seed)
+    under fn's dense mask (once per case: the reference runs row by row)."""
+    q, k, v = inputs(seed, hkv)
+    ref, _ = reference_attention(q, k, v, mask=dense(fn))
+    return ref.detach(), grads(ref, q, k, v)
+
+
+def check(out, inputs, fn, seed, hkv=H):
+    ref, want = expected(fn, seed, hkv)
+    assert_close(out, ref)
+    for a, b in zip(grads(out, *inputs), want, strict=True):
+        assert_close(a, b)
+
+
+def sdpa(out, inputs, fn, causal=False):
+    """Against torch's SDPA under fn's dense mask (the cases the general plan runs)."""
+    want = attention(*inputs, mask=dense(fn, causal), backend="sdpa")
+    assert_close(out, want)
+    for a, b in zip(grads(out, *inputs), grads(want, *inputs), strict=True):
+        assert_close(a, b)
+
+
 @pytest.fixture
 def paths(monkeypatch):
     calls = {"band": 0, "tiles": 0, "spans": 0}
@@ -74,8 +104,7 @@ def threads(request):
 @pytest.mark.parametrize("form", ["native", "function", "held"])
 @pytest.mark.parametrize("hkv", [H, 1])
 def test_a_window_within_documents_runs_the_masked_band(paths, threads, form, hkv):
-    torch.manual_seed(0)
-    q, k, v = qkv(N, N, hkv)
+    q, k, v = inputs(0, hkv)
     if form == "native":
         given = {"causal": True, "window": W, "documents": IDS_T}
     elif form == "function":
@@ -84,27 +113,24 @@ def test_a_window_within_documents_runs_the_masked_band(paths, threads, form, hk
         given = {"mask_mod": block_mask(windowed_documents, B, None, N, N, block_size=BLOCK)}
     out = attention(q, k, v, backend="tiled", **given)
     assert paths["band"] > 0 and paths["tiles"] == 0 and paths["spans"] == 0
-    ref, _ = reference_attention(q, k, v, mask=dense(windowed_documents))
-    check(out, ref, (q, k, v))
+    check(out, (q, k, v), windowed_documents, 0, hkv)
 
 
 @pytest.mark.parametrize("fn", [window_per_head, holes], ids=["window-per-head", "holes"])
 @pytest.mark.parametrize("held", [True, False], ids=["held", "function"])
 def test_any_mask_inside_a_band_runs_it_exactly(paths, fn, held):
-    torch.manual_seed(1)
-    q, k, v = qkv(N, N)
+    q, k, v = inputs(1)
     plan = block_mask(fn, None, H, N, N, block_size=BLOCK) if held else fn
     out = attention(q, k, v, backend="tiled", mask_mod=plan, block_size=BLOCK)
     assert paths["band"] > 0 and paths["tiles"] == 0
-    ref, _ = reference_attention(q, k, v, mask=dense(fn))
-    check(out, ref, (q, k, v))
+    check(out, (q, k, v), fn, 1)
     if fn is holes:  # rows that see nothing: zeros, and no gradient through them
         assert torch.equal(out[:, :, 40:45], torch.zeros_like(out[:, :, 40:45]))
 
 
 def test_a_held_plan_keeps_its_band_for_every_call(paths):
     plan = block_mask(windowed_documents, B, None, N, N, block_size=BLOCK)
-    q, k, v = qkv(N, N)
+    q, k, v = inputs(0)
     first = attention(q, k, v, mask_mod=plan, backend="tiled")
     held = plan.held(("masked band", False), lambda: pytest.fail("built again"))
     assert held is not None and held.left == W - 1
@@ -116,27 +142,32 @@ def _grid(fn, causal=False, block=BLOCK):
     return plan.kinds, plan.masks, causal, (block, block), N, N
 
 
-@pytest.mark.parametrize(
-    "fn, causal, max_left, left",
-    [
-        (windowed_documents, False, 64, W - 1),
-        (window_per_head, False, 64, 4 + 4 * (H - 1) - 1),
-        # one pair far back: the band must reach it, past what it may cost
-        (lambda b, h, q, k: windowed_documents(b, h, q, k) | ((q == 140) & (k == 3)), False,
-         64, None),  # fmt: skip
-        (lambda b, h, q, k: windowed_documents(b, h, q, k) | ((q == 140) & (k == 3)), False,
-         200, 137),  # fmt: skip
-        # one key after its query: not a causal band, unless the call's causality cuts it
-        (lambda b, h, q, k: windowed_documents(b, h, q, k) | ((q == 70) & (k == 71)), False,
-         64, None),  # fmt: skip
-        (lambda b, h, q, k: windowed_documents(b, h, q, k) | ((q == 70) & (k == 71)), True,
-         64, W - 1),  # fmt: skip
-        (lambda b, h, q, k: q >= 0, False, 64, None),  # everything: keys after every query
-    ],
-    ids=["window-in-documents", "per-head", "far-key-too-dear", "far-key", "past-the-diagonal",
-         "past-the-diagonal-cut", "everything"],  # fmt: skip
-)
-def test_the_band_holds_exactly_the_grid_or_is_refused(fn, causal, max_left, left):
+def far_key(b, h, q, k):  # one pair far back
+    return windowed_documents(b, h, q, k) | ((q == 140) & (k == 3))
+
+
+def past_the_diagonal(b, h, q, k):  # one key after its query
+    return windowed_documents(b, h, q, k) | ((q == 70) & (k == 71))
+
+
+def everything(b, h, q, k):
+    return q >= 0
+
+
+GRIDS = {  # name: (fn, causal call, max_left, the band's L or None: refused)
+    "window-in-documents": (windowed_documents, False, 64, W - 1),
+    "per-head": (window_per_head, False, 64, 4 + 4 * (H - 1) - 1),
+    "far-key-too-dear": (far_key, False, 64, None),  # the band must reach it: past its cost
+    "far-key": (far_key, False, 200, 137),
+    "past-the-diagonal": (past_the_diagonal, False, 64, None),  # not a causal band
+    "past-the-diagonal-cut": (past_the_diagonal, True, 64, W - 1),  # the call's causality
+    "everything": (everything, False, 64, None),  # keys after every query
+}
+
+
+@pytest.mark.parametrize("name", list(GRIDS))
+def test_the_band_holds_exactly_the_grid_or_is_refused(name):
+    fn, causal, max_left, left = GRIDS[name]
     found = band_of_grid(*_grid(fn, causal)[:2], causal, (BLOCK, BLOCK), N, N, max_left)
     if left is None:
         assert found is None
@@ -152,25 +183,29 @@ def test_the_band_holds_exactly_the_grid_or_is_refused(fn, causal, max_left, lef
     assert torch.equal(got, want)
 
 
+def padded(b, h, q, k):  # the last 7 keys of batch row 1 are padding
+    return windowed_documents(b, h, q, k) & ((b == 0) | (k < N - 7))
+
+
 def test_a_mask_beside_it_runs_the_general_plan(paths):
-    q, k, v = qkv(N, N)
+    q, k, v = inputs(0)
     pad = torch.ones(B, 1, 1, N, dtype=torch.bool)
     pad[1, ..., -7:] = False
     out = attention(q, k, v, causal=True, window=W, documents=IDS_T, mask=pad, backend="tiled")
     assert paths["band"] == 0
-    ref, _ = reference_attention(q, k, v, mask=dense(windowed_documents) & pad)
-    check(out, ref, (q, k, v))
+    sdpa(out, (q, k, v), padded)
+
+
+def same_document(b, h, q, k):
+    return IDS_T[b, q] == IDS_T[b, k]
 
 
 def test_a_wide_window_within_documents_keeps_the_cheaper_plan(paths):
     # a window of 1000 within documents of 30..64: the band would compute 1000 keys a row
-    q, k, v = qkv(N, N)
+    q, k, v = inputs(0)
     out = attention(q, k, v, causal=True, window=1000, documents=IDS_T, backend="tiled")
     assert paths["band"] == 0
-    ids = IDS_T
-    same = (ids[:, None, :, None] == ids[:, None, None, :]).expand(B, H, N, N)
-    ref, _ = reference_attention(q, k, v, mask=same, causal=True)
-    check(out, ref, (q, k, v))
+    sdpa(out, (q, k, v), same_document, causal=True)
 
 
 @pytest.mark.parametrize("form", ["native", "held"])
