@@ -71,10 +71,6 @@ class MaskedBand:
         size = b * h * self.T * (self.left + max(self.fb, self.bb)) * 2
         return self.stop - self.first >= 2 and self.keys >= 2 and size <= MASK_ELEMENTS
 
-    def pairs(self) -> int:
-        """Pairs a row computes (the forward's band)."""
-        return self.left + self.fb
-
     def mask(self, which: str, dtype: torch.dtype) -> Tensor:
         """The forward's ("forward") or backward's ("backward") block masks, additive."""
         key = (which, dtype)
