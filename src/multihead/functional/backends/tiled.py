@@ -99,7 +99,10 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     tk = k.shape[2]
     # Three common shapes skip the general plan: a causal window alone runs as one batched
     # kernel call over a band (tile_band.py), documents in contiguous runs as calls per document
-    # (tile_segments.py), an int prefix as three large calls (tile_prefix.py).
+    # (tile_segments.py), an int prefix as three large calls (tile_prefix.py). A mask inside a
+    # causal band (a window within documents; a mask_mod whose pairs all lie within L keys
+    # before their query) runs as the band does, each block under its own mask
+    # (tile_masked_band.py), where that costs less than the general plan's tiles.
     # Attention dropout runs the plain-torch tiles, each with its keep mask from a seed and the
     # entries' global coordinates (`functional.dropout_mask`, ring attention's rule), so the
     # backward pass recomputes exactly the entries the forward pass dropped.
