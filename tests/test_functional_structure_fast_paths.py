@@ -43,6 +43,7 @@ def spy(monkeypatch):
         "band_forward": "band", "band_backward": "band_backward",
         "segments_forward": "segments", "segments_backward": "segments_backward",
         "prefix_forward": "prefix", "prefix_backward": "prefix_backward",
+        "masked_band_forward": "masked", "masked_band_backward": "masked_backward",
     }  # fmt: skip
     return count_calls(monkeypatch, tiled_backend, names)
 
@@ -120,7 +121,8 @@ STRIDED_CASES = {
     "band": {"window": 64},
     "segments": {"documents": STRIDED_IDS},
     "prefix": {"prefix": 70},
-    "tiles": {"window": 9, "documents": STRIDED_IDS},  # (the general plan)
+    "masked": {"window": 9, "documents": STRIDED_IDS},  # (the masked band)
+    "tiles": {"window": 9, "documents": STRIDED_IDS, "prefix": 20},  # (the general plan)
 }
 
 
@@ -140,7 +142,7 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize(("layout", "dtype"), LAYOUTS)
-@pytest.mark.parametrize("kind", ["band", "segments", "prefix", "tiles"])
+@pytest.mark.parametrize("kind", ["band", "segments", "prefix", "masked", "tiles"])
 def test_a_head_dimension_that_is_not_contiguous(spy, layout, kind, dtype):
     # torch's bare CPU kernel, which the fast paths call, reads the head dimension as
     # contiguous without checking: such inputs once gave NaN, inf and 1e20 here
@@ -269,13 +271,14 @@ def test_a_document_in_two_runs_takes_the_general_plan(spy):
     assert spy["segments"] == 0
 
 
-def test_documents_with_a_window_take_the_general_plan(spy):
+def test_documents_with_a_window_take_the_masked_band(spy):
     ids = [[0] * 120 + [1] * 80]
     q, k, v = qkv(1, 2, 2, 200, torch.float64)
-    out = attention(q, k, v, causal=True, window=50, documents=torch.tensor(ids), backend="tiled")
-    ref, _ = reference_attention(q, k, v, mask=document_mask(ids, True) & window_mask(200, 50))
+    out = attention(q, k, v, causal=True, window=20, documents=torch.tensor(ids), backend="tiled")
+    ref, _ = reference_attention(q, k, v, mask=document_mask(ids, True) & window_mask(200, 20))
     check(out, ref, (q, k, v), torch.float64)
     assert spy["segments"] == 0 and spy["band"] == 0
+    assert spy["masked"] >= 1 and spy["masked_backward"] >= 1
 
 
 def test_nan_in_a_value_reaches_the_rows_whose_window_holds_it_and_no_far_row(spy):

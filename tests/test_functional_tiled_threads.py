@@ -163,8 +163,10 @@ def _general(kind: str, B: int) -> tuple[dict, torch.Tensor]:
     if kind == "mask_mod":
         args = {"mask_mod": lambda b, h, qi, ki: (qi - ki) % (3 + h) != 1, "block_size": 60}
         return args, causal & ((i[:, None] - i[None]) % (3 + torch.arange(6)[:, None, None]) != 1)
-    if kind == "window+documents":
-        return {"window": 40, "documents": ids}, same & causal & (i[:, None] - i[None] < 40)
+    if kind == "window+documents":  # (both ways: a causal one runs the masked band)
+        return {"window": (40, 15), "documents": ids}, same & (
+            (i[None] >= i[:, None] - 40) & (i[None] <= i[:, None] + 15)
+        )
     if kind == "bidirectional window":
         return {"window": (30, 20)}, (i[None] >= i[:, None] - 30) & (i[None] <= i[:, None] + 20)
     p = torch.tensor([70, 150])[:B].view(B, 1, 1, 1)  # a prefix per batch row
@@ -187,7 +189,7 @@ def test_the_general_plan_on_workers_equals_the_inline_run_and_the_reference(
 
     def run(with_bias: bool):
         extra = {"bias": bias} if with_bias else {}
-        causal = kind != "bidirectional window"
+        causal = kind not in ("bidirectional window", "window+documents")
         out = attention(q, k, v, causal=causal, backend="tiled", **args, **extra)
         inputs = (q, k, v, bias) if with_bias else (q, k, v)
         return out.detach(), *torch.autograd.grad((out * g).sum(), inputs)

@@ -17,8 +17,10 @@ more contender of the function rows). A plan that is exactly a causal window run
 `window=` does; one that is exactly causal documents (`documents_mod`, the documents case as a
 mask function held the same way) runs the documents' fast path on the ids it recovers
 (`functional.mask_documents`), as `documents=` does. `general_mod`, the documents with a
-window of 64 inside them as a mask function, measures the general tile plan, which no fast
-path recognises.
+window of 64 inside them as a mask function, is neither: every pair it allows lies within 64
+keys before its query, so it runs the masked band (`functional.mask_band`,
+`backends.tile_masked_band`: the band's batched kernel calls, each block under its own mask)
+instead of the general tile plan.
 
 Targets (issue 41): the function within 2x of its ideal (3x beside a busy process), the module
 within 1.2x of its projection-aware ideal.
@@ -69,7 +71,7 @@ def _documents_mod(T: int) -> Callable:
 
 def _general_mod(T: int) -> Callable:
     """The documents with a causal window of GENERAL_WINDOW inside them, as a mask function:
-    no fast path recognises it (the general tile plan)."""
+    neither a window alone nor documents alone (it runs the masked band, `mask_band`)."""
     ids = torch.arange(DOCUMENTS).repeat_interleave(T // DOCUMENTS)  # (T,)
 
     def windowed_documents(b, h, q_idx, kv_idx):
@@ -337,7 +339,8 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         "documents_mod = the documents as a mask function, held the same way (recognised "
         "as documents: the documents fast path on the ids it recovers); general_mod = the "
         f"documents with a window of {GENERAL_WINDOW} inside them as a mask function, held the "
-        "same way (the general tile plan: no fast path recognises it).",
+        "same way (every pair it allows lies within the window: the masked band, batched "
+        "kernel calls over overlapping key bands, each block under its own mask).",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
         "projections + that share of the causal attention), per round; /ideal = the median "
         "over rounds of structured / ideal; dense-mask = SDPA under the "

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -38,6 +40,8 @@ from .mask_documents import documents_of
 from .mask_mod import DEFAULT_BLOCK, TileClassifier, check_block_size
 from .structure import MaskMod, Structure, structure_mask
 from .tile_plan import FULL, NONE, PARTIAL, Tile, plan_tiles
+
+T_ = TypeVar("T_")
 
 
 def _dim(name: str, value: object, allow_none: bool) -> int | None:
@@ -84,6 +88,7 @@ class MaskPlan:
         # call's forward, read by every later call (see `span_cache`)
         self._span_caches: dict[tuple[bool, torch.dtype], object] = {}
         self._causal_documents: list[Tensor | None] = []  # (made on first use: see documents_for)
+        self._held: dict[object, object] = {}  # (made on first use: see held)
         self._lock = threading.Lock()
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -132,6 +137,17 @@ class MaskPlan:
             if cache is None:
                 cache = self._span_caches[key] = SpanCache()
             return cache
+
+    def held(self, key: object, build: Callable[[], T_]) -> T_:
+        """What the tiled backend derives from this plan alone under `key` (e.g. the masked
+        band of its causal calls, `backends.tile_masked_band`): build() on first use, kept
+        here, so it lives, and its memory goes, with the plan."""
+        with self._lock:
+            if key in self._held:
+                return self._held[key]  # type: ignore[return-value]
+        value = build()  # (outside the lock: two threads may both build; one is kept)
+        with self._lock:
+            return self._held.setdefault(key, value)  # type: ignore[return-value]
 
     def documents_for(self, causal: bool) -> Tensor | None:
         """The document ids (B or 1, T) of a call's mask (this plan's, and causality where

@@ -28,6 +28,7 @@ from ...value_checks import may_read
 from ..call import AttentionCall, variant_reasons
 from ..dropout_mask import dropout_keep_mask
 from ..first_order import first_order
+from ..mask_band import band_of_documents, band_of_grid
 from ..mask_documents import documents_of
 from ..mask_mod import TileClassifier, mod_mask
 from ..mask_plan import MaskPlan, causal_window, grid_of_rows
@@ -36,6 +37,13 @@ from ..tile_plan import Tile, block_rows, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 from .tile_band import BandPlan, band_backward, band_forward, band_plan
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
+from .tile_masked_band import (
+    FORWARD_BLOCK,
+    MaskedBand,
+    masked_band_backward,
+    masked_band_forward,
+    masked_band_plan,
+)
 from .tile_packed import PackedViews, packed_views, take_views
 from .tile_prefix import prefix_backward, prefix_forward, prefix_plan
 from .tile_segments import held_segments, segment_plan, segments_backward, segments_forward
@@ -91,7 +99,10 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     tk = k.shape[2]
     # Three common shapes skip the general plan: a causal window alone runs as one batched
     # kernel call over a band (tile_band.py), documents in contiguous runs as calls per document
-    # (tile_segments.py), an int prefix as three large calls (tile_prefix.py).
+    # (tile_segments.py), an int prefix as three large calls (tile_prefix.py). A mask inside a
+    # causal band (a window within documents; a mask_mod whose pairs all lie within L keys
+    # before their query) runs as the band does, each block under its own mask
+    # (tile_masked_band.py), where that costs less than the general plan's tiles.
     # Attention dropout runs the plain-torch tiles, each with its keep mask from a seed and the
     # entries' global coordinates (`functional.dropout_mask`, ring attention's rule), so the
     # backward pass recomputes exactly the entries the forward pass dropped.
@@ -123,14 +134,18 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     causal = call.causal or (ids is not None and segments is not None)
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
     rows = []
+    masked = None
     if band is None and segments is None and prefix_p is None:
         rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
         if fused and isinstance(kind, TileClassifier):
-            band, segments = _classified_fast_path(
+            band, segments, masked = _classified_fast_path(
                 kind, rows, structure, call.causal, block, mask, bias, q, k
             )
-            rows = [] if band is not None or segments is not None else rows
             causal = call.causal or segments is not None
+        elif fused:
+            masked = _plan_band(kind, rows, structure, call.causal, block, mask, bias, q, k)
+        if band is not None or segments is not None or masked is not None:
+            rows = []
     if band is not None:
         block = band.block
     indexed = list(enumerate(rows))  # (query block index, its tiles)
@@ -149,6 +164,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         # (documents recognised in a mask_mod are causal inside: the segments run causal)
         indexed, block, band, segments, prefix_p, structure, causal, call.scale, dropout,
         spans, {} if kind is None else kind.masks, _span_cache(kind, structure, call.causal, q),
+        masked,
     )  # fmt: skip
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
     # projections those are strided views, slower to read tile by tile than one contiguous
@@ -202,23 +218,75 @@ def _span_cache(kind, structure: Structure | None, causal: bool, q: Tensor) -> S
 
 def _classified_fast_path(
     kind, rows, structure, causal, block, mask, bias, q, k
-) -> tuple[BandPlan | None, list | None]:
-    """(band, segments): the band fast path's plan where a mask_mod classified by this call
-    (no window, documents, prefix, mask or bias beside it) is exactly a causal window, else
-    the documents fast path's runs where it is exactly causal documents in contiguous runs
-    (`mask_documents`); (None, None) otherwise. The classified grid is built once for both."""
+) -> tuple[BandPlan | None, list | None, MaskedBand | None]:
+    """(band, segments, masked): the band fast path's plan where a mask_mod classified by
+    this call (no window, documents, prefix, mask or bias beside it) is exactly a causal
+    window, else the documents fast path's runs where it is exactly causal documents in
+    contiguous runs (`mask_documents`), else the masked band's plan where every pair it
+    allows lies in a causal band cheaper than the plan's tiles (`mask_band`); all None
+    otherwise. The classified grid is built once for all three."""
     if not kind.readable or mask is not None or bias is not None or not _mod_alone(structure):
-        return None, None
+        return None, None, None
     pair = (block, block) if isinstance(block, int) else block
     tq, tk = q.shape[2], k.shape[2]
     grid = grid_of_rows(rows, kind.masks, causal, pair, tq, tk)
     if grid is None:
-        return None, None
+        return None, None, None
     left = causal_window(*grid, pair, tq, tk)
     if left is not None:
-        return band_plan(Structure(window=(left, 0)), True, None, None, q, k), None
+        return band_plan(Structure(window=(left, 0)), True, None, None, q, k), None, None
     ids = documents_of(*grid, pair, tq, tk)
-    return None, None if ids is None else held_segments(ids, mask, bias, q, k)
+    if ids is not None:
+        segments = held_segments(ids, mask, bias, q, k)
+        if segments is not None:
+            return None, segments, None
+    found = band_of_grid(*grid, causal, pair, tq, tk, _band_left(rows, tq, block))
+    return None, None, masked_band_plan(found, mask, bias, q, k)
+
+
+def _band_left(rows: list[list[Tile]], T: int, block) -> int:
+    """The widest band (L) that costs no more than the plan's tiles: its L + b keys a row
+    against the keys a row of the tiles computes, two thirds of them for tiles of 128 rows
+    or more (larger kernel calls run each pair cheaper: measured, a window of 64 within
+    documents of 128 at T 1024, one thread, where the plan's tiles compute 128 keys a row,
+    the band's 95 took 1.10x the plan's time; within documents of 512, 256 keys a row,
+    0.65x; at tiles of 64, 128 keys a row, 0.82x)."""
+    per_row = sum(_weight(r) for r in rows) // max(1, T)
+    if block_rows(block) >= 128:
+        per_row = per_row * 2 // 3
+    return per_row - FORWARD_BLOCK
+
+
+def _plan_band(kind, rows, structure, causal, block, mask, bias, q, k) -> MaskedBand | None:
+    """The masked band's plan (`tile_masked_band`) of a call the general plan would run,
+    where it computes fewer pairs than the plan's tiles: a causal window within documents
+    (`window=` with `documents=`, nothing else), or a held plan (nothing beside it) whose
+    pairs all lie in a causal band (found once per plan and causality, kept on the plan)."""
+    if mask is not None or bias is not None or structure is None or not rows:
+        return None
+    T = q.shape[2]
+    if isinstance(kind, MaskPlan):
+        if not _mod_alone(structure):
+            return None
+        pair = (block, block) if isinstance(block, int) else block
+
+        def build() -> MaskedBand | None:
+            assert kind.kinds is not None
+            found = band_of_grid(
+                kind.kinds, kind.masks, causal, pair, T, k.shape[2], _band_left(rows, T, block)
+            )
+            return None if found is None else masked_band_plan(found, None, None, q, k)
+
+        return kind.held(("masked band", causal), build)
+    window, docs = structure.window, structure.documents
+    if kind is not None or window is None or docs is None or structure.prefix is not None:
+        return None
+    if not (causal or window[1] == 0) or window[0] < 1:
+        return None
+    left = window[0]
+    if left > _band_left(rows, T, block) or docs.shape[1] != T:
+        return None
+    return masked_band_plan(band_of_documents(docs, left), None, None, q, k)
 
 
 def _mod_alone(structure: Structure | None) -> bool:
@@ -263,6 +331,7 @@ class _Setup(NamedTuple):
     spans: list  # per query block, its Span when it runs as one (tile_spans.py), else None
     masks: dict  # the mask_mod's evaluated partial tiles, by (q0, q1, k0, k1), from the plan
     span_masks: SpanCache  # the spans' assembled masks, made in forward, read in backward
+    masked: MaskedBand | None = None  # a mask inside a causal band (tile_masked_band.py)
 
 
 def _tile_rows(setup: _Setup) -> bool:
@@ -402,9 +471,41 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     lse = torch.empty((B, H, tq), dtype=acc, device=q.device)
     if setup.band is not None or setup.segments is not None or setup.prefix is not None:
         _fast_forward(setup, q, k, v, out, lse)
+    if setup.masked is not None:
+        _masked_forward(setup.masked, setup.scale, q, k, v, out, lse)
     if setup.rows:
         _plan_forward(setup, q, k, v, mask, bias, out, lse)
     return out, lse
+
+
+def _masked_forward(plan: MaskedBand, scale, q, k, v, out, lse) -> None:
+    """The masked band, forward: units of batch rows and kv heads on worker threads (as the
+    fast paths'); its block masks made first, here (once per plan and dtype)."""
+    plan.mask("forward", q.dtype)
+    n = per_call(workers(q, k, v, out), _dense_pairs(q, k))
+    run(
+        [
+            functools.partial(masked_band_forward, q[r, h], k[r, kv], v[r, kv], plan, scale,
+                              out[r, h], lse[r, h], r, h)
+            for r, h, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n)
+        ],
+        n,
+    )  # fmt: skip
+
+
+def _masked_backward(plan: MaskedBand, scale, q, k, v, grad_out, out, lse, dq, dk, dv) -> None:
+    """The masked band, backward, in the same units (each writes its own heads' gradients)."""
+    plan.mask("backward", q.dtype)
+    n = per_call(workers(q, k, v, grad_out, out, dq), _dense_pairs(q, k))
+    run(
+        [
+            functools.partial(masked_band_backward, q[r, h], k[r, kv], v[r, kv], grad_out[r, h],
+                              out[r, h], lse[r, h], plan, scale, dq[r, h], dk[r, kv], dv[r, kv],
+                              r, h)
+            for r, h, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n)
+        ],
+        n,
+    )  # fmt: skip
 
 
 def _weight(tiles: list[Tile]) -> int:
@@ -493,7 +594,10 @@ def _gradient_buffers(q, k, v, setup: _Setup, acc, packed: PackedViews | None):
     gradient they are views of (None unless `packed`). The fast paths write every gradient
     they own (the band's backward: all of them), so their buffers start uninitialised; the
     general plan adds tile by tile into zeros."""
-    writes = setup.segments is not None or setup.prefix is not None or setup.band is not None
+    writes = (
+        setup.segments is not None or setup.prefix is not None or setup.band is not None
+        or setup.masked is not None
+    )  # fmt: skip
     if packed is not None:
         fill = torch.empty if writes and packed.covers else torch.zeros
         grad_base = fill(packed.base.shape, dtype=acc, device=q.device)
@@ -526,6 +630,8 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
     delta = None if fused else (grad_out.to(acc) * out.to(acc)).sum(dim=-1)
     if band is not None or segments is not None or prefix_p is not None:
         _fast_backward(setup, q, k, v, grad_out, out, lse, dq, dk, dv)
+    if setup.masked is not None:
+        _masked_backward(setup.masked, setup.scale, q, k, v, grad_out, out, lse, dq, dk, dv)
     if rows:
         _plan_backward(setup, q, k, v, mask, bias, out, lse, grad_out, delta, grads, dbias, fused)
     return dbias
