@@ -133,3 +133,37 @@ def test_generate_compiled_tokens_equal_eager_and_hooked_static_steps_keep_sdpa(
         got = model(token, caches=statics)
         monkeypatch.setattr(attention_module, "static_row_attention", lambda *a: None)
         torch.testing.assert_close(got, model(token, caches=plain), rtol=1e-5, atol=1e-5)
+
+
+def _export_step(model, ids, token):
+    class Step(torch.nn.Module):
+        def __init__(self, model, caches):
+            super().__init__()
+            self.model, self.caches = model, caches
+
+        def forward(self, x):
+            return self.model(x, caches=self.caches)
+
+    statics = [StaticKVCache(1, 2, 16, 12) for _ in range(2)]
+    with torch.no_grad():
+        model(ids, caches=statics)
+        for c in statics:
+            c._owner = None  # (export traces a copy of the model's modules)
+        exported = torch.export.export(Step(model, statics), (token,))
+        return exported, exported.module()(token)
+
+
+def test_exported_static_cache_step_holds_the_operator(monkeypatch):
+    """torch.export of a decode step over static caches: the operator stays one node per
+    layer, and the exported step's logits are those of the step exported without it (the
+    general path's masked SDPA) within float32 rounding."""
+    model, ids = _model(), torch.randint(0, 61, (1, 5))
+    token = ids[:, -1:]
+    exported, got = _export_step(model, ids, token)
+    ops = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.multihead.attend_prefix.default) == 2
+    monkeypatch.setattr(attention_module, "static_row_attention", lambda *a: None)
+    exported, expected = _export_step(model, ids, token)
+    ops = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert torch.ops.multihead.attend_prefix.default not in ops
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
