@@ -44,7 +44,7 @@ from .attention_inputs import (
 )
 from .attention_keys import queries_and_keys
 from .attention_packed import forward_packed, refuse_with_lengths
-from .attention_plain import plain_forward
+from .attention_plain import plain_forward, static_row_attention
 from .attention_positions import position_bias
 from .attention_project import output, project, project_key_value, project_query
 from .blocked_projection import blocked_projection_serves
@@ -384,33 +384,46 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
                 documents, prefix, mask_mod = structure_after_dropped_keys(
                     documents, prefix, mask_mod, keys.dropped, keys.k.shape[2]
                 )
-            B, H, Tq, _ = q.shape
-            if mask is not None:  # the user's mask, checked (as every mask is) before combining
-                mask = check_mask(mask, (B, H, Tq, keys.k.shape[2]), q.device)
-            if keys.key_mask is not None or keys.mask is not None:
-                key_mask_4d = None if keys.key_mask is None else keys.key_mask[:, None, None, :]
-                mask = combine(mask, keys.mask, key_mask_4d)  # (B, Tk) -> (B, 1, 1, Tk)
-            call = make_call(
-                q,
-                keys.k,
-                keys.v,
-                mask=mask,
-                bias=None if self.position is None else position_bias(self.position, Tq, keys),
-                causal=keys.causal,
-                dropout_p=self.dropout if self.training else 0.0,
-                return_weights=return_weights,
-                window=narrowest(window, keys.window),
-                documents=documents,
-                prefix=prefix,
-                mask_mod=mask_mod,
-                block_size=block_size,
-                qkv_checked=True,  # shaped here from checked inputs
-                # (views of the projection that no hook has seen, so none can hold a tensor
-                # hook or a retained gradient the tiled backend's packed gradient would skip)
-                own_views=hooks is None or not any(p in hooks for p in QKV_HOOK_POINTS),
-                **(self._variants() if self._variant else {}),
-            )
-            out, weights = dispatch(call) if hooks is None else attend(call, hooks)
+            out, weights = None, None
+            if (  # a static cache's one-query step: one operator (attention_plain.py)
+                isinstance(cache, StaticKVCache)
+                and mask is None
+                and not structured
+                and hooks is None
+                and not return_weights
+                and not self._variant
+                and not (self.training and self.dropout)
+                and (self.position is None or type(self.position).bias is PositionScheme.bias)
+            ):
+                out = static_row_attention(q, keys, cache)  # (1, H, 1, D) or None
+            if out is None:
+                B, H, Tq, _ = q.shape
+                if mask is not None:  # the user's mask, checked (as every mask is) before combining
+                    mask = check_mask(mask, (B, H, Tq, keys.k.shape[2]), q.device)
+                if keys.key_mask is not None or keys.mask is not None:
+                    key_mask_4d = None if keys.key_mask is None else keys.key_mask[:, None, None, :]
+                    mask = combine(mask, keys.mask, key_mask_4d)  # (B, Tk) -> (B, 1, 1, Tk)
+                call = make_call(
+                    q,
+                    keys.k,
+                    keys.v,
+                    mask=mask,
+                    bias=None if self.position is None else position_bias(self.position, Tq, keys),
+                    causal=keys.causal,
+                    dropout_p=self.dropout if self.training else 0.0,
+                    return_weights=return_weights,
+                    window=narrowest(window, keys.window),
+                    documents=documents,
+                    prefix=prefix,
+                    mask_mod=mask_mod,
+                    block_size=block_size,
+                    qkv_checked=True,  # shaped here from checked inputs
+                    # (views of the projection that no hook has seen, so none can hold a tensor
+                    # hook or a retained gradient the tiled backend's packed gradient would skip)
+                    own_views=hooks is None or not any(p in hooks for p in QKV_HOOK_POINTS),
+                    **(self._variants() if self._variant else {}),
+                )
+                out, weights = dispatch(call) if hooks is None else attend(call, hooks)
         except (ValueError, TypeError):
             roll_back(points)
             raise

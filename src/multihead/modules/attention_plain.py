@@ -16,9 +16,16 @@ from ..functional.backends.registry import _PLAIN_ORDER as _plain_order
 from ..positional.rope import RotaryEmbedding
 from ..positional.scheme import PositionScheme
 from .attention_inputs import check_positions
-from .cache import KVCache
+from .cache import KeySet, KVCache
 from .projections import linear
-from .quantized.kernels import append_attend, attend_one, kernels_available, rope_rows_
+from .quantized.kernels import (
+    append_attend,
+    attend_one,
+    attend_prefix,
+    kernels_available,
+    rope_rows_,
+)
+from .static_cache import StaticKVCache
 
 
 def plain_forward(
@@ -203,3 +210,39 @@ def _rotates_one_row(
     ):
         return False
     return rope_rows_(x, cos, signed)
+
+
+def static_row_attention(q: Tensor, keys: KeySet, cache: StaticKVCache) -> Tensor | None:
+    """A decoding step's attention over a `StaticKVCache` (what the compiled decode step runs:
+    one token, one row, q (1, H, 1, D); the keys its `keys_for` handed out, this step's
+    written) as one operator (`kernels.attend_prefix`): one C call when the cache's key mask
+    marks exactly its first `index` slots (no padding: checked at run time, inside the
+    operator), else SDPA under that mask. Returns (1, H, 1, D), within float32 rounding of the
+    dispatched SDPA; None where the general path must run: a ring or window cache, no key mask,
+    another dtype or device, a gradient, another backend first in the registry. The caller
+    checks that no user mask, structure, bias, hook, dropout or variant is involved."""
+    k, v = keys.k, keys.v
+    B, H, T, D = q.shape
+    grad = torch.is_grad_enabled()
+    if (
+        B != 1
+        or T != 1
+        or cache.ring
+        or cache.window is not None
+        or keys.key_mask is None
+        or q.dtype is not torch.float32
+        or k.dtype is not torch.float32
+        or v.dtype is not torch.float32
+        or not (q.is_cpu and k.is_cpu and v.is_cpu)
+        or not (_plain_order and _plain_order[0] is SDPA_BACKEND)
+        or (grad and (q.requires_grad or k.requires_grad or v.requires_grad))
+        or D == 0
+        or v.shape[3] != D
+        or H % k.shape[1] != 0
+        or k.stride(3) != 1
+        or k.stride(2) != D
+        or v.stride(3) != 1
+        or v.stride(2) != D
+    ):
+        return None
+    return attend_prefix(q, k, v, keys.key_mask, cache.index)

@@ -667,3 +667,15 @@ void mh_append_attend(const float *row, float *kv, long hs, long s, float *out, 
         memcpy(kv + g * hs + s * D, row + (H + g) * D, sizeof(float) * D);
     mh_attend_one(row, kv, kv + Hkv * hs, hs, hs, out, H, Hkv, s + 1, D, scale, threads);
 }
+
+/* Whether a static cache's key mask (R bools, one byte each) marks exactly the slots
+ * 0 .. n - 1: then a one-query attention over its first n keys (mh_attend_one) is the masked
+ * attention over all R. */
+int mh_prefix_mask(const unsigned char *m, long R, long n) {
+    if (n < 1 || n > R) return 0;
+    for (long i = 0; i < n; i++)
+        if (!m[i]) return 0;
+    for (long i = n; i < R; i++)
+        if (m[i]) return 0;
+    return 1;
+}

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 GROUP = 32
@@ -114,7 +115,8 @@ def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.mh_pair_silu.restype = None
     lib.mh_append_attend.argtypes = [f, f, i64, i64, f, i64, i64, i64, ctypes.c_float, i32]
     lib.mh_append_attend.restype = None
-    lib.mh_isa.restype = i32
+    lib.mh_prefix_mask.argtypes = [f, i64, i64]
+    lib.mh_isa.restype = lib.mh_prefix_mask.restype = i32
     return lib
 
 
@@ -564,3 +566,46 @@ def append_attend(heads: Tensor, buffer: Tensor, stored: int, H: int) -> Tensor:
         buffer.shape[1] // 2, D, D**-0.5, _attend_threads(H * (stored + 1) * D),
     )  # fmt: skip
     return out
+
+
+# A static cache's one-query step as an operator (what torch.compile sees): the compiled decode
+# step writes its cache with index tensors and reads the whole buffer under a mask, so the
+# eager path's checks of the cache's counts happen here, at run time, inside the operator.
+_OPS.define("attend_prefix(Tensor q, Tensor k, Tensor v, Tensor key_mask, Tensor count) -> Tensor")
+
+
+def _attend_prefix(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, count: Tensor) -> Tensor:
+    """q (1, H, 1, D) float32, k and v (1, Hkv, R, D) a `StaticKVCache`'s buffers (rows of D
+    contiguous), key_mask (1, R) bool its real keys, count () the tokens it holds, in slots
+    0 .. count - 1 (no ring) -> (1, H, 1, D): the query attends every key key_mask marks (a
+    causal step: the cache holds nothing after the query). One C call (`mh_attend_one` over the
+    first count keys) when key_mask marks exactly those slots; else SDPA under the mask (zeros
+    where it marks none)."""
+    H, D = q.shape[1], q.shape[3]
+    Hkv, R = k.shape[1], k.shape[2]
+    lib = _library()
+    n = int(count)
+    if (
+        lib is not None
+        and key_mask.is_contiguous()
+        and lib.mh_prefix_mask(key_mask.data_ptr(), R, n)
+    ):
+        q = q.contiguous()
+        out = torch.empty(1, H, 1, D, dtype=torch.float32)
+        lib.mh_attend_one(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1), out.data_ptr(),
+            H, Hkv, n, D, D**-0.5, _attend_threads(H * n * D),
+        )  # fmt: skip
+        return out
+    mask = key_mask[:, None, None, :]  # (1, R) -> (1, 1, 1, R)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)
+    return out if bool(key_mask.any()) else torch.zeros_like(out)
+
+
+_OPS.impl("attend_prefix", _attend_prefix, "CompositeExplicitAutograd")
+attend_prefix = torch.ops.multihead.attend_prefix.default
+
+
+@torch.library.register_fake("multihead::attend_prefix")
+def _attend_prefix_fake(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, count: Tensor) -> Tensor:
+    return q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
