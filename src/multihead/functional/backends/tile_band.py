@@ -171,15 +171,15 @@ def _edge_forward(q, k, v, r0: int, r1: int, plan: BandPlan, scale, out, lse) ->
     out[:, :, r0:r1], lse[:, :, r0:r1] = o, l
 
 
-def _overlap_add(grad: Tensor, band: Tensor, s0: int, plan: BandPlan) -> None:
-    """Per-block bands (n, heads, L + b, D) of one batch element into its grad (heads, T, D)
-    at positions s0 + i b + c (block i, column c): each block's first b positions written
-    (they tile s0 .. s0 + n b once), the rest added (consecutive blocks' bands overlap
-    there)."""
-    b, n = plan.block, band.shape[0]
+def overlap_add(grad: Tensor, band: Tensor, s0: int, b: int, width: int) -> None:
+    """Per-block bands (n, heads, width, D) of one batch element into its grad (heads, T, D)
+    at positions s0 + i b + c (block i of b rows, column c): each block's first b positions
+    written (they tile s0 .. s0 + n b once), the rest added (consecutive blocks' bands
+    overlap there). Shared with the masked band (tile_masked_band.py)."""
+    n = band.shape[0]
     st = grad.stride()
-    for j in range(0, plan.width, b):  # chunk j of every band lands on one stride-b view
-        w = min(b, plan.width - j)
+    for j in range(0, width, b):  # chunk j of every band lands on one stride-b view
+        w = min(b, width - j)
         # positions s0 + j + i b + c (block i, c < w <= b): views that do not overlap
         dst = grad.as_strided(
             (n, grad.shape[0], w, grad.shape[2]),
@@ -265,6 +265,6 @@ def band_backward(q, k, v, grad_out, out, lse, plan: BandPlan, scale: float, dq,
                 *(x[blocks] for x in bands[:2]), *(x[blocks] for x in keys),
                 *(x[blocks] for x in bands[2:]), 0.0, False, attn_mask=mask, scale=scale,
             )  # fmt: skip
-            _overlap_add(dq[i], dq_t, j0 * b, plan)  # dq_t (blocks, H, L + b, D)
+            overlap_add(dq[i], dq_t, j0 * b, b, plan.width)  # dq_t (blocks, H, L + b, D)
             for grad, g in ((dk, dk_t), (dv, dv_t)):  # (blocks, Hkv, b, D): the kernel sums groups
                 grad[i, :, j0 * b : j1 * b] = g.transpose(0, 1).flatten(1, 2)

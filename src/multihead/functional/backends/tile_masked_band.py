@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..mask_band import BandMask
+from .tile_band import overlap_add
 from .tile_kernel import KERNEL_DTYPES, NEG_INF, flash_backward, flash_forward
 
 FORWARD_BLOCK = 32  # rows per forward block (the kernel runs 32-row query tiles)
@@ -166,24 +167,6 @@ def masked_band_forward(q, k, v, plan: MaskedBand, scale, out, lse, rows: slice,
             out[:, :, r0:r1], lse[:, :, r0:r1] = o, l
 
 
-def _overlap_add(grad: Tensor, band: Tensor, s0: int, b: int, width: int) -> None:
-    """Per-block bands (n, heads, width, D) of one batch element into grad (heads, T, D) at
-    positions s0 + i b + c: each block's first b positions written, the rest added."""
-    n = band.shape[0]
-    st = grad.stride()
-    for j in range(0, width, b):  # chunk j of every band: one stride-b view, no overlap
-        w = min(b, width - j)
-        dst = grad.as_strided(
-            (n, grad.shape[0], w, grad.shape[2]),
-            (b * st[1], st[0], st[1], st[2]),
-            grad.storage_offset() + (s0 + j) * st[1],
-        )
-        if j == 0:
-            dst.copy_(band[:, :, :w])
-        else:
-            dst += band[:, :, j : j + w]
-
-
 def masked_band_backward(
     q, k, v, grad_out, out, lse, plan: MaskedBand, scale, dq, dk, dv, rows: slice, heads: slice
 ):
@@ -216,7 +199,7 @@ def masked_band_backward(
                 *(x[c] for x in bands[:2]), *(x[c] for x in keys), *(x[c] for x in bands[2:]),
                 0.0, False, attn_mask=m[c], scale=scale,
             )  # fmt: skip
-            _overlap_add(dq[i], dq_t, j0 * b, b, width)  # dq_t (blocks, H, L + b, D)
+            overlap_add(dq[i], dq_t, j0 * b, b, width)  # dq_t (blocks, H, L + b, D)
             for grad, g in ((dk, dk_t), (dv, dv_t)):  # (blocks, Hkv, b, D)
                 grad[i, :, j0 * b : j1 * b] = g.transpose(0, 1).flatten(1, 2)
 

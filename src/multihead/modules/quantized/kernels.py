@@ -423,26 +423,25 @@ def pair_plans(form: str, k: int, a: Buffers, b: Buffers) -> tuple[KernelArgs, K
 def run_pair(x: Tensor, int4: bool, a: KernelArgs, b: KernelArgs) -> Tensor:
     """x (1, K) float32, contiguous, on the CPU -> (1, NA + NB): `mh_pair_mv` with the plans
     of two matrices of one form (`pair_plans`)."""
-    lib = _library()
-    assert lib is not None
-    y = torch.empty(1, a.n + b.n, dtype=torch.float32)
-    threads = torch.get_num_threads() if a.parallel or b.parallel else 1
-    lib.mh_pair_mv(
-        int4, x.data_ptr(), a.qs, a.scale, a.zero, a.n, b.qs, b.scale, b.zero, b.n,
-        a.half, y.data_ptr(), a.k, threads,
-    )  # fmt: skip
-    return y
+    return _pair_call("mh_pair_mv", a.n + b.n, x, int4, a, b)
 
 
 def run_pair_silu(x: Tensor, int4: bool, a: KernelArgs, b: KernelArgs) -> Tensor:
     """x (1, K) float32, contiguous, on the CPU -> (1, NA): silu(x A^T) * (x B^T), SwiGLU's
     hidden row, by one C call (`mh_pair_silu`: `run_pair`'s products, then the SiLU and the
     product in C instead of split, two views, silu and mul: ~15 us a layer). NA == NB."""
+    return _pair_call("mh_pair_silu", a.n, x, int4, a, b)
+
+
+def _pair_call(
+    name: str, width: int, x: Tensor, int4: bool, a: KernelArgs, b: KernelArgs
+) -> Tensor:
+    """One of the pair kernels (same arguments) into a fresh (1, width) float32 row."""
     lib = _library()
     assert lib is not None
-    y = torch.empty(1, a.n, dtype=torch.float32)
+    y = torch.empty(1, width, dtype=torch.float32)
     threads = torch.get_num_threads() if a.parallel or b.parallel else 1
-    lib.mh_pair_silu(
+    getattr(lib, name)(
         int4, x.data_ptr(), a.qs, a.scale, a.zero, a.n, b.qs, b.scale, b.zero, b.n,
         a.half, y.data_ptr(), a.k, threads,
     )  # fmt: skip
