@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import multihead.modules.attention as attention_module
-from multihead import CausalLM, LMConfig
 from multihead.modules.quantized import kernels, kernels_available
 from multihead.modules.static_cache import StaticKVCache
+from test_decode_small_ops import _model
 
 from reference import reference_attention
 
@@ -81,15 +81,6 @@ def test_attend_prefix_opcheck(padded):
     torch.library.opcheck(kernels.attend_prefix, _inputs(padded=padded))
     fake = kernels._attend_prefix_fake(*_inputs(H=9, Hkv=3, D=64, R=64, n=7))
     assert fake.shape == (1, 9, 1, 64)
-
-
-def _model() -> CausalLM:
-    torch.manual_seed(0)
-    cfg = LMConfig(
-        vocab_size=61, dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
-        position="rope", norm="rmsnorm", mlp="swiglu", bias=False,
-    )  # fmt: skip
-    return CausalLM(cfg).eval()
 
 
 def test_compiled_static_cache_step_calls_the_operator_and_matches_eager():
