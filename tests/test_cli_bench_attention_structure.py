@@ -229,3 +229,21 @@ def test_rows_report_how_many_fast_path_calls_ran_inline(monkeypatch):
         torch.set_num_threads(before)
     assert attention_structure.inline_cell([]) == ""  # the general plan: no fast path
     assert attention_structure.inline_cell([1, 2, 2]) == "1/3"
+
+
+def test_module_rows_say_what_the_module_adds_around_projections_and_function(monkeypatch):
+    """The "around ms" cell: per round, structured - projections - attention() alone, then
+    the median (a load change between rounds moves all three of a round together)."""
+    rounds = {
+        "causal": [1.0, 2.0, 1.0],
+        "projections": [0.5, 1.0, 0.5],
+        "structured": [0.7, 1.6, 0.9],
+        "dense mask": [3.0, 3.0, 3.0],
+        "attention": [0.1, 0.2, 0.3],
+    }
+    monkeypatch.setattr(attention_structure, "measure_rounds", lambda fns, **k: rounds)
+    row = attention_structure.module_row("window", 1024, repeats=3)
+    assert row[attention_structure.HEADERS.index("around ms")] == "100"  # 100, 400, 100 ms
+    del rounds["attention"]  # (not measured: no cell)
+    assert attention_structure.around_cell(rounds) == ""
+    assert len(row) == len(attention_structure.HEADERS) - 2  # (target and holds follow)
