@@ -1,0 +1,134 @@
+"""Attention where each query row sees ONE interval of keys, lo[i] .. hi[i] - 1, by a C kernel
+that computes exactly those pairs (row_intervals.c, beside this file): a causal window
+(lo = i - W + 1), causal documents (lo = the document's start), a window within documents
+(the later of the two), any held mask whose rows are such intervals.
+
+(Figures and the why: see the end of this docstring.)
+
+Shapes: q (B, H, T, D), k / v (B, Hkv, T, D), D a multiple of 16, float32 on the CPU; lo, hi
+(B, H, T) int32 (a plan's (B or 1, H or 1, T) expanded); out (B, H, T, D), lse (B, H, T);
+a row with no key (lo >= hi) gets out 0, lse 0 and gradients 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from importlib import resources
+
+import torch
+from torch import Tensor
+
+from ... import native
+from .tile_threads import head_units, run, workers
+
+_SOURCE = (resources.files(__package__) / "row_intervals.c").read_text("utf-8")
+_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+PAD = 16  # columns after the last key in K^T, V^T: a 16-key step may read past it
+
+
+@functools.cache
+def library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be built (`native.load`). `extra` flags are
+    appended (tests build the AVX2 and scalar variants)."""
+    lib = native.load("row_intervals", _SOURCE, (*_FLAGS, *extra))
+    if lib is None:
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_long
+    lib.mh_iv_forward.argtypes = [p, i, p, i, p, i, p, i, p, p, p, i, i, ctypes.c_float]
+    lib.mh_iv_backward.argtypes = [
+        p, i, p, i, p, p, i, p, i, p, i, p, i, p, p, p, p, i, p, p, i, i, ctypes.c_float,
+    ]  # fmt: skip
+    lib.mh_iv_forward.restype = lib.mh_iv_backward.restype = None
+    return lib
+
+
+def interval_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the kernel takes these inputs: float32 on the CPU, rows of D contiguous, D a
+    multiple of 16 (at most 256), k and v of one shape, and a compiled kernel."""
+    D = q.shape[3]
+    return (
+        all(t.dtype is torch.float32 and t.device.type == "cpu" for t in (q, k, v))
+        and all(t.stride(3) == 1 for t in (q, k, v))
+        and D % 16 == 0
+        and D <= 256
+        and k.shape == v.shape
+        and q.shape[3] == k.shape[3]
+        and library() is not None
+    )
+
+
+def _at(t: Tensor, b: int, h: int) -> int:
+    """The address of t[b, h] (float32 or int32)."""
+    return t.data_ptr() + 4 * (b * t.stride(0) + h * t.stride(1))
+
+
+def _transposed(x: Tensor) -> Tensor:
+    """(T, D) -> (D, T + PAD) contiguous, the padding zeros."""
+    T, D = x.shape
+    xt = x.new_empty(D, T + PAD)
+    xt[:, T:] = 0
+    xt[:, :T] = x.t()
+    return xt
+
+
+def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor, lse: Tensor):
+    """Write out (B, H, T, D; rows of D contiguous) and lse (B, H, T; contiguous)."""
+    lib = library()
+    assert lib is not None
+    B, H, T, D = q.shape
+    G = H // k.shape[1]
+
+    def unit(rows: slice, kv: slice) -> None:
+        for b in range(B)[rows]:
+            for g in range(k.shape[1])[kv]:
+                kt = _transposed(k[b, g])
+                for h in range(g * G, g * G + G):
+                    lib.mh_iv_forward(
+                        _at(q, b, h), q.stride(2), kt.data_ptr(), T + PAD, _at(v, b, g),
+                        v.stride(2), _at(out, b, h), out.stride(2), _at(lse, b, h),
+                        _at(lo, b, h), _at(hi, b, h), T, D, scale,
+                    )  # fmt: skip
+
+    _run(unit, q, k, v, out)
+
+
+def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv):
+    """Write all of dq (B, H, T, D), dk, dv (B, Hkv, T, D) (rows of D contiguous, float32)."""
+    lib = library()
+    assert lib is not None
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+
+    def unit(rows: slice, kv: slice) -> None:
+        for b in range(B)[rows]:
+            for g in range(Hkv)[kv]:
+                kt, vt = _transposed(k[b, g]), _transposed(v[b, g])
+                own = dk[b, g].is_contiguous() and dv[b, g].is_contiguous()
+                gk, gv = (dk[b, g], dv[b, g]) if own else (q.new_empty(T, D), q.new_empty(T, D))
+                gk.zero_()
+                gv.zero_()
+                for h in range(g * G, g * G + G):
+                    lib.mh_iv_backward(
+                        _at(q, b, h), q.stride(2), _at(k, b, g), k.stride(2), kt.data_ptr(),
+                        _at(v, b, g), v.stride(2), vt.data_ptr(), T + PAD, _at(grad_out, b, h),
+                        grad_out.stride(2), _at(out, b, h), out.stride(2), _at(lse, b, h),
+                        _at(lo, b, h), _at(hi, b, h), _at(dq, b, h), dq.stride(2),
+                        gk.data_ptr(), gv.data_ptr(), T, D, scale,
+                    )  # fmt: skip
+                if not own:
+                    dk[b, g], dv[b, g] = gk, gv
+
+    _run(unit, q, k, v, grad_out, dq)
+
+
+def _run(unit: Callable[[slice, slice], None], q: Tensor, k: Tensor, *more: Tensor) -> None:
+    """The units (a batch row's group of kv heads each) on the workers (`tile_threads`)."""
+    n = workers(q, k, *more)
+    units = [
+        functools.partial(unit, rows, kv)
+        for rows, _, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n)
+    ]
+    run(units, n)
