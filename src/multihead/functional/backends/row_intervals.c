@@ -215,7 +215,8 @@ static inline __attribute__((always_inline)) void backward_head(
     const float *q, long qs, const float *k, long ks, const float *kt, const float *v, long vs,
     const float *vt, long tp, const float *go, long gs, const float *o, long os,
     const float *lse, const int32_t *lo, const int32_t *hi, float *dq, long dqs, float *dk,
-    float *dv, long T, long D, float scale, int DC, float *p, float *ds, long sw) {
+    long dks, float *dv, long dvs, long T, long D, float scale, int DC, float *p, float *ds,
+    long sw) {
     static const float zero[256];
     for (long i0 = 0; i0 < T; i0 += R) {
         const long rows = T - i0 < R ? T - i0 : R;
@@ -256,25 +257,25 @@ static inline __attribute__((always_inline)) void backward_head(
         weighted(ds, sw, k, ks, a, a + n, DC, y);
         for (long r = 0; r < rows; r++)
             for (int c = 0; c < DC; c++) st(dq + (i0 + r) * dqs + 16 * c, y[r * DC + c]);
-        scatter(ds, sw, x, dk, D, a, a + n, DC);
-        scatter(p, sw, g, dv, D, a, a + n, DC);
+        scatter(ds, sw, x, dk, dks, a, a + n, DC);
+        scatter(p, sw, g, dv, dvs, a, a + n, DC);
     }
 }
 
-/* Backward of one query head into its kv head's dk, dv ((T, D) contiguous, accumulated: the
-   caller zeroes them and runs a kv head's query heads one after another); dq written. */
+/* Backward of one query head into its kv head's dk, dv (accumulated: the caller zeroes them
+   and runs a kv head's query heads one after another); dq written. */
 void mh_iv_backward(const float *q, long qs, const float *k, long ks, const float *kt,
                     const float *v, long vs, const float *vt, long tp, const float *go, long gs,
                     const float *o, long os, const float *lse, const int32_t *lo,
-                    const int32_t *hi, float *dq, long dqs, float *dk, float *dv, long T, long D,
-                    float scale) {
+                    const int32_t *hi, float *dq, long dqs, float *dk, long dks, float *dv,
+                    long dvs, long T, long D, float scale) {
     const long sw = tp + 32;
     float *p = malloc(sizeof(float) * 2 * R * sw);
     if (!p) return;
     float *ds = p + R * sw;
 #define MH_BACKWARD(DC)                                                                        \
-    backward_head(q, qs, k, ks, kt, v, vs, vt, tp, go, gs, o, os, lse, lo, hi, dq, dqs, dk, dv, \
-                  T, D, scale, DC, p, ds, sw)
+    backward_head(q, qs, k, ks, kt, v, vs, vt, tp, go, gs, o, os, lse, lo, hi, dq, dqs, dk, dks, \
+                  dv, dvs, T, D, scale, DC, p, ds, sw)
     switch (D / 16) {
     case 4: MH_BACKWARD(4); break;
     case 8: MH_BACKWARD(8); break;

@@ -16,11 +16,13 @@ import ctypes
 import functools
 from collections.abc import Callable
 from importlib import resources
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ... import native
+from ..mask_band import BandMask
 from .tile_threads import head_units, run, workers
 
 _SOURCE = (resources.files(__package__) / "row_intervals.c").read_text("utf-8")
@@ -38,10 +40,41 @@ def library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_long
     lib.mh_iv_forward.argtypes = [p, i, p, i, p, i, p, i, p, p, p, i, i, ctypes.c_float]
     lib.mh_iv_backward.argtypes = [
-        p, i, p, i, p, p, i, p, i, p, i, p, i, p, p, p, p, i, p, p, i, i, ctypes.c_float,
+        p, i, p, i, p, p, i, p, i, p, i, p, i, p, p, p, p, i, p, i, p, i, i, i, ctypes.c_float,
     ]  # fmt: skip
     lib.mh_iv_forward.restype = lib.mh_iv_backward.restype = None
     return lib
+
+
+class Intervals(NamedTuple):
+    """Row i of batch row b, head h sees keys lo[b, h, i] .. hi[b, h, i] - 1 (int32, (B or 1,
+    H or 1, T), rows contiguous); lo >= hi: no key."""
+
+    lo: Tensor
+    hi: Tensor
+
+
+def window_intervals(left: int, T: int) -> Intervals:
+    """A causal window of left + 1 keys: keys i - left .. i."""
+    i = torch.arange(T, dtype=torch.int32)
+    return Intervals((i - left).clamp_(min=0)[None, None], (i + 1)[None, None])
+
+
+def band_intervals(band: BandMask) -> Intervals | None:
+    """The intervals of a band's rows (`mask_band.BandMask`: row p's column e is key
+    p - L + e), when every row's allowed keys are contiguous; else None."""
+    allowed, L = band.allowed, band.left
+    T = allowed.shape[2]
+    count = allowed.sum(dim=-1, dtype=torch.int32)  # (B or 1, H or 1, T)
+    first = allowed.int().argmax(dim=-1).int()  # the first allowed column (0 where none)
+    last = L - allowed.flip(-1).int().argmax(dim=-1).int()
+    some = count > 0
+    if bool((some & (last - first + 1 != count)).any()):
+        return None  # a row with a hole
+    p = torch.arange(T, dtype=torch.int32)
+    lo = torch.where(some, p - L + first, p + 1)
+    hi = torch.where(some, p - L + last + 1, p + 1)
+    return Intervals(lo.contiguous(), hi.contiguous())
 
 
 def interval_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -98,6 +131,8 @@ def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk,
     """Write all of dq (B, H, T, D), dk, dv (B, Hkv, T, D) (rows of D contiguous, float32)."""
     lib = library()
     assert lib is not None
+    if grad_out.stride(3) != 1:  # (an expanded gradient: a sum's)
+        grad_out = grad_out.contiguous()
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
@@ -106,20 +141,16 @@ def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk,
         for b in range(B)[rows]:
             for g in range(Hkv)[kv]:
                 kt, vt = _transposed(k[b, g]), _transposed(v[b, g])
-                own = dk[b, g].is_contiguous() and dv[b, g].is_contiguous()
-                gk, gv = (dk[b, g], dv[b, g]) if own else (q.new_empty(T, D), q.new_empty(T, D))
-                gk.zero_()
-                gv.zero_()
+                dk[b, g] = 0
+                dv[b, g] = 0
                 for h in range(g * G, g * G + G):
                     lib.mh_iv_backward(
                         _at(q, b, h), q.stride(2), _at(k, b, g), k.stride(2), kt.data_ptr(),
                         _at(v, b, g), v.stride(2), vt.data_ptr(), T + PAD, _at(grad_out, b, h),
                         grad_out.stride(2), _at(out, b, h), out.stride(2), _at(lse, b, h),
                         _at(lo, b, h), _at(hi, b, h), _at(dq, b, h), dq.stride(2),
-                        gk.data_ptr(), gv.data_ptr(), T, D, scale,
+                        _at(dk, b, g), dk.stride(2), _at(dv, b, g), dv.stride(2), T, D, scale,
                     )  # fmt: skip
-                if not own:
-                    dk[b, g], dv[b, g] = gk, gv
 
     _run(unit, q, k, v, grad_out, dq)
 
@@ -132,3 +163,16 @@ def _run(unit: Callable[[slice, slice], None], q: Tensor, k: Tensor, *more: Tens
         for rows, _, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n)
     ]
     run(units, n)
+
+
+def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals | None:
+    """The intervals of a call the band (`tile_band.BandPlan`: a causal window) or masked band
+    (`tile_masked_band.MaskedBand`) would run, where the kernel takes it: no mask or bias,
+    square, float32 on the CPU (`interval_runs`), every row one interval; else None."""
+    if (band is None and masked is None) or mask is not None or bias is not None:
+        return None
+    if q.shape[2] != k.shape[2] or not interval_runs(q, k, k):
+        return None
+    if masked is not None:
+        return masked.intervals()
+    return window_intervals(band.left, q.shape[2])
