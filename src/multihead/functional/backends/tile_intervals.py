@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ... import native
-from ..mask_band import BandMask
+from ..mask_band import BandMask, band_of_grid
 from .tile_threads import head_units, run, workers
 
 _SOURCE = (resources.files(__package__) / "row_intervals.c").read_text("utf-8")
@@ -176,3 +176,57 @@ def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals |
     if masked is not None:
         return masked.intervals()
     return window_intervals(band.left, q.shape[2])
+
+
+def documents_intervals(ids: Tensor, left: int) -> Intervals | None:
+    """A causal window of left + 1 keys within documents (ids (B, T)) as intervals: key
+    p - left .. p of p's own run of equal ids; None unless every id is one contiguous run
+    (an id seen again later would let a row see two runs)."""
+    B, T = ids.shape
+    change = ids[:, 1:] != ids[:, :-1]  # (B, T - 1)
+    for b in range(B):
+        if int(change[b].sum()) + 1 != ids[b].unique().numel():
+            return None
+    p = torch.arange(T, device=ids.device)
+    starts = torch.cat([torch.ones(B, 1, dtype=torch.bool), change], dim=1)
+    first = torch.where(starts, p, 0).cummax(dim=1).values  # (B, T): each run's first position
+    lo = torch.maximum(first, p - left).int()
+    return Intervals(lo[:, None].contiguous(), (p + 1).int()[None, None].contiguous())
+
+
+def structure_intervals(structure, causal: bool, mask, bias, q: Tensor, k: Tensor):
+    """The intervals of `window=` with `documents=` (causal; nothing else beside them, no mask
+    or bias; square; inputs the kernel takes), else None."""
+    if structure is None or mask is not None or bias is not None:
+        return None
+    window, docs = structure.window, structure.documents
+    if window is None or docs is None or structure.prefix is not None:
+        return None
+    if structure.mask_mod is not None or not (causal or window[1] == 0) or window[0] < 0:
+        return None
+    T = q.shape[2]
+    if k.shape[2] != T or docs.shape[1] != T or docs.device.type != "cpu":
+        return None
+    if not interval_runs(q, k, k):
+        return None
+    return documents_intervals(docs, window[0])
+
+
+MAX_LEFT = 1024  # a held plan's band, at most this many keys back (its booleans: T x 1025)
+
+
+def held_intervals(plan, causal: bool, q: Tensor, k: Tensor) -> Intervals | None:
+    """The intervals of a held mask_mod plan (`mask_plan.MaskPlan`) whose rows each see one
+    interval of keys within MAX_LEFT before them (found once per plan and causality, kept on
+    the plan: `mask_band.band_of_grid`, then `band_intervals`), where the kernel takes the
+    inputs; else None."""
+    T = q.shape[2]
+    if k.shape[2] != T or plan.kinds is None or not interval_runs(q, k, k):
+        return None
+    block = plan.block if isinstance(plan.block, tuple) else (plan.block, plan.block)
+
+    def build() -> Intervals | None:
+        found = band_of_grid(plan.kinds, plan.masks, causal, block, T, T, min(T - 1, MAX_LEFT))
+        return None if found is None else band_intervals(found)
+
+    return plan.held(("row intervals", causal), build)

@@ -36,7 +36,14 @@ from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_rows, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 from .tile_band import BandPlan, band_backward, band_forward, band_plan
-from .tile_intervals import Intervals, interval_backward, interval_forward, interval_plan
+from .tile_intervals import (
+    Intervals,
+    held_intervals,
+    interval_backward,
+    interval_forward,
+    interval_plan,
+    structure_intervals,
+)
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_masked_band import (
     FORWARD_BLOCK,
@@ -136,7 +143,13 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
     rows = []
     masked = None
-    if band is None and segments is None and prefix_p is None:
+    # window= with documents=: the interval kernel (tile_intervals.py) where it takes them
+    # (and a held plan, nothing beside it, whose rows are each one interval of keys)
+    intervals = structure_intervals(structure, call.causal, mask, bias, q, k) if fused else None
+    held_alone = isinstance(kind, MaskPlan) and _mod_alone(structure) and band is None
+    if intervals is None and fused and held_alone and segments is None and mask is None:
+        intervals = held_intervals(kind, call.causal, q, k) if bias is None else None
+    if band is None and segments is None and prefix_p is None and intervals is None:
         rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
         if fused and isinstance(kind, TileClassifier):
             band, segments, masked = _classified_fast_path(
@@ -149,7 +162,8 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
             rows = []
     # a causal window, or a band whose rows are each one interval of keys: the interval
     # kernel (tile_intervals.py: exactly the allowed pairs) where it takes the inputs
-    intervals = interval_plan(band, masked, mask, bias, q, k) if fused else None
+    if intervals is None and fused:
+        intervals = interval_plan(band, masked, mask, bias, q, k)
     if intervals is not None:
         band = masked = None
     if band is not None:
