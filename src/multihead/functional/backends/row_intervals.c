@@ -31,6 +31,13 @@ static inline v16 ld(const float *p) {
 static inline void st(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 static inline v16 splat(float x) { return (v16){0} + x; }
 static inline v16 sel(i16v m, v16 x) { return (v16)(m & (i16v)x); }
+/* Keep a value in a register: GCC otherwise folds a vector used by several FMAs back into
+   each as a memory operand, one load per use (measured: the score loop load-bound). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HOLD(x) __asm__("" : "+v"(x))
+#else
+#define HOLD(x) ((void)0)
+#endif
 static inline float hsum(v16 x) {
     float s = 0.0f;
     for (int i = 0; i < 16; i++) s += x[i];
@@ -78,7 +85,9 @@ static inline __attribute__((always_inline)) void products(const float *x[R], co
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (v16){0};
         const float *col = xt + a + 16 * c;
         for (long d = 0; d < D; d++) {
-            const v16 k0 = ld(col + d * tp), k1 = ld(col + d * tp + 16);
+            v16 k0 = ld(col + d * tp), k1 = ld(col + d * tp + 16);
+            HOLD(k0);
+            HOLD(k1);
             for (int r = 0; r < R; r++) {
                 acc[r][0] += x[r][d] * k0;
                 acc[r][1] += x[r][d] * k1;
@@ -94,7 +103,8 @@ static inline __attribute__((always_inline)) void products(const float *x[R], co
         for (int r = 0; r < R; r++) acc[r] = (v16){0};
         const float *col = xt + a + 16 * c;
         for (long d = 0; d < D; d++) {
-            const v16 k0 = ld(col + d * tp);
+            v16 k0 = ld(col + d * tp);
+            HOLD(k0);
             for (int r = 0; r < R; r++) acc[r] += x[r][d] * k0;
         }
         for (int r = 0; r < R; r++) st(s + r * sw + 16 * c, acc[r]);
@@ -109,7 +119,8 @@ static inline __attribute__((always_inline)) void weighted(const float *w, long 
     for (long j = a; j < e; j++) {
         const float *row = m + j * ms;
         for (int c = 0; c < DC; c++) {
-            const v16 mv = ld(row + 16 * c);
+            v16 mv = ld(row + 16 * c);
+            HOLD(mv);
             for (int r = 0; r < R; r++) y[r * DC + c] += w[r * sw + j - a] * mv;
         }
     }
