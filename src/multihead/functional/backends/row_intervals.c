@@ -33,7 +33,7 @@ static inline v16 splat(float x) { return (v16){0} + x; }
 static inline v16 sel(i16v m, v16 x) { return (v16)(m & (i16v)x); }
 /* Keep a value in a register: GCC otherwise folds a vector used by several FMAs back into
    each as a memory operand, one load per use (measured: the score loop load-bound). */
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__AVX512F__) && defined(__GNUC__) /* (a 16-float register) */
 #define HOLD(x) __asm__("" : "+v"(x))
 #else
 #define HOLD(x) ((void)0)
