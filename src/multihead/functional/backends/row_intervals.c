@@ -294,3 +294,18 @@ void mh_iv_backward(const float *q, long qs, const float *k, long ks, const floa
     }
     free(p);
 }
+
+/* xt (D rows of tp floats) = x^T, x (T rows of stride xs); columns T .. tp - 1 zero. In
+   16 x 16 blocks (torch's strided copy of the transposed view took ~1/3 of the kernel's own
+   time in the backward). */
+void mh_iv_transpose(const float *x, long xs, long T, long D, float *xt, long tp) {
+    for (long t0 = 0; t0 < T; t0 += 16) {
+        const long t1 = t0 + 16 < T ? t0 + 16 : T;
+        for (long d0 = 0; d0 < D; d0 += 16) {
+            const long d1 = d0 + 16 < D ? d0 + 16 : D;
+            for (long t = t0; t < t1; t++)
+                for (long d = d0; d < d1; d++) xt[d * tp + t] = x[t * xs + d];
+        }
+    }
+    for (long d = 0; d < D; d++) memset(xt + d * tp + T, 0, (tp - T) * sizeof(float));
+}

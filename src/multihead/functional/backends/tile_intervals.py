@@ -42,7 +42,8 @@ def library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.mh_iv_backward.argtypes = [
         p, i, p, i, p, p, i, p, i, p, i, p, i, p, p, p, p, i, p, i, p, i, i, i, ctypes.c_float,
     ]  # fmt: skip
-    lib.mh_iv_forward.restype = lib.mh_iv_backward.restype = None
+    lib.mh_iv_transpose.argtypes = [p, i, i, i, p, i]
+    lib.mh_iv_forward.restype = lib.mh_iv_backward.restype = lib.mh_iv_transpose.restype = None
     return lib
 
 
@@ -97,12 +98,11 @@ def _at(t: Tensor, b: int, h: int) -> int:
     return t.data_ptr() + 4 * (b * t.stride(0) + h * t.stride(1))
 
 
-def _transposed(x: Tensor) -> Tensor:
-    """(T, D) -> (D, T + PAD) contiguous, the padding zeros."""
+def _transposed(lib: ctypes.CDLL, x: Tensor) -> Tensor:
+    """(T, D), rows of D contiguous -> (D, T + PAD) contiguous, the padding zeros."""
     T, D = x.shape
     xt = x.new_empty(D, T + PAD)
-    xt[:, T:] = 0
-    xt[:, :T] = x.t()
+    lib.mh_iv_transpose(x.data_ptr(), x.stride(0), T, D, xt.data_ptr(), T + PAD)
     return xt
 
 
@@ -116,7 +116,7 @@ def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor,
     def unit(rows: slice, kv: slice) -> None:
         for b in range(B)[rows]:
             for g in range(k.shape[1])[kv]:
-                kt = _transposed(k[b, g])
+                kt = _transposed(lib, k[b, g])
                 for h in range(g * G, g * G + G):
                     lib.mh_iv_forward(
                         _at(q, b, h), q.stride(2), kt.data_ptr(), T + PAD, _at(v, b, g),
@@ -140,7 +140,7 @@ def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk,
     def unit(rows: slice, kv: slice) -> None:
         for b in range(B)[rows]:
             for g in range(Hkv)[kv]:
-                kt, vt = _transposed(k[b, g]), _transposed(v[b, g])
+                kt, vt = _transposed(lib, k[b, g]), _transposed(lib, v[b, g])
                 dk[b, g] = 0
                 dv[b, g] = 0
                 for h in range(g * G, g * G + G):
