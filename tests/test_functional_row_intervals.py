@@ -129,6 +129,10 @@ def window_mod(b, h, q, k):
     return (k <= q) & (q - k < 40)
 
 
+def documents_mod(b, h, q, k):
+    return (k <= q) & (q // 64 == k // 64)
+
+
 N = 256  # (the held plans' length: a whole number of their 32-row blocks)
 DOCS = torch.arange(N) // 64
 
@@ -141,6 +145,8 @@ def routed_cases():
             "mask_mod": block_mask(windowed_documents, None, None, N, N, block_size=32)
         },
         "held-window": {"mask_mod": block_mask(window_mod, None, None, N, N, block_size=32)},
+        "documents": {"documents": DOCS[None].expand(B, N)},
+        "held-documents": {"mask_mod": block_mask(documents_mod, None, None, N, N, block_size=32)},
     }
 
 
@@ -163,11 +169,10 @@ def test_routed_calls_match_the_reference_and_the_band(monkeypatch, threads, cas
     monkeypatch.setattr(tiled_backend, "interval_forward", lambda *a: calls.append(a) or real(*a))
     got, grad_out = _call(q, k, v, given)
     assert calls, "the interval kernel did not run"
-    fn = windowed_documents if "documents" in case or case == "held-general" else window_mod
-    W = 24 if fn is windowed_documents else 40
+    W = {"window": 40, "held-window": 40, "documents": N, "held-documents": N}.get(case, 24)
     i = torch.arange(N)
     allowed = (i[None] <= i[:, None]) & (i[:, None] - i[None] < W)
-    if fn is windowed_documents:
+    if "window" not in case or case == "window-documents":
         allowed &= DOCS[:, None] == DOCS[None]
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     out, _ = reference_attention(qd, kd, vd, mask=allowed, scale=D**-0.5)
@@ -180,6 +185,25 @@ def test_routed_calls_match_the_reference_and_the_band(monkeypatch, threads, cas
     band, _ = _call(q, k, v, given)
     assert not calls
     for a, b in zip(got, band, strict=True):
+        assert_close(a, b)
+
+
+def test_documents_without_causality(monkeypatch):
+    needs_kernel()
+    ids = torch.tensor([[0] * 100 + [1] * 156, [2] * 3 + [3] * 200 + [4] * 53])  # (B, N)
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(B, h, N, D, requires_grad=True) for h in (H, 2, 2))
+    calls = []
+    real = tiled_backend.interval_forward
+    monkeypatch.setattr(tiled_backend, "interval_forward", lambda *a: calls.append(a) or real(*a))
+    out = attention(q, k, v, documents=ids, backend="tiled")
+    assert calls
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want, _ = reference_attention(qd, kd, vd, mask=(ids[:, :, None] == ids[:, None, :])[:, None])
+    grad_out = torch.randn(out.shape)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    for a, b in zip((out, *got), (want, *torch.autograd.grad(want, (qd, kd, vd), grad_out.double())),
+                    strict=True):  # fmt: skip
         assert_close(a, b)
 
 

@@ -230,3 +230,16 @@ def held_intervals(plan, causal: bool, q: Tensor, k: Tensor) -> Intervals | None
         return None if found is None else band_intervals(found)
 
     return plan.held(("row intervals", causal), build)
+
+
+def segments_intervals(segments: list, B: int, T: int, causal: bool) -> Intervals:
+    """Documents as intervals, from their runs (`tile_segments.segments_of`: (b, start,
+    stop), each id one run): row p of run start .. stop - 1 sees keys start .. p (causal)
+    or start .. stop - 1; a position in no run sees nothing."""
+    p = torch.arange(T, dtype=torch.int32)
+    lo, hi = (p + 1).repeat(B, 1), (p + 1).repeat(B, 1)  # (B, T): no key
+    for b, start, stop in segments:
+        lo[b, start:stop] = start
+        if not causal:
+            hi[b, start:stop] = stop
+    return Intervals(lo[:, None], hi[:, None])

@@ -42,6 +42,8 @@ from .tile_intervals import (
     interval_backward,
     interval_forward,
     interval_plan,
+    interval_runs,
+    segments_intervals,
     structure_intervals,
 )
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
@@ -143,9 +145,14 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
     rows = []
     masked = None
-    # window= with documents=: the interval kernel (tile_intervals.py) where it takes them
-    # (and a held plan, nothing beside it, whose rows are each one interval of keys)
-    intervals = structure_intervals(structure, call.causal, mask, bias, q, k) if fused else None
+    # The interval kernel (tile_intervals.py: each row one interval of keys, exactly the
+    # allowed pairs) where it takes the inputs: documents (their runs), window= with
+    # documents=, a held plan (nothing beside it) whose rows are intervals
+    intervals = None
+    if segments is not None and interval_runs(q, k, v) and tq == tk:
+        intervals, segments = segments_intervals(segments, B, tq, causal), None
+    if intervals is None and fused:
+        intervals = structure_intervals(structure, call.causal, mask, bias, q, k)
     held_alone = isinstance(kind, MaskPlan) and _mod_alone(structure) and band is None
     if intervals is None and fused and held_alone and segments is None and mask is None:
         intervals = held_intervals(kind, call.causal, q, k) if bias is None else None
