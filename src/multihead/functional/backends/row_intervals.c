@@ -309,3 +309,58 @@ void mh_iv_transpose(const float *x, long xs, long T, long D, float *xt, long tp
     }
     for (long d = 0; d < D; d++) memset(xt + d * tp + T, 0, (tp - T) * sizeof(float));
 }
+
+/* The whole call's units on `threads` OpenMP threads (torch's own pool: the library links
+   the libgomp torch loaded), dynamically scheduled: K^T and V^T of every (batch row, kv head)
+   into kt, vt (B Hkv blocks of D x tp), then the forward per query head or the backward per
+   kv head (its query heads in turn: dk, dv need no atomics). Strides st: q, k, v, out, lse,
+   lo, hi, grad_out, dq, dk, dv, each (batch, head, row), in floats or int32s. */
+enum { SQ, SK, SV, SO, SL, SLO, SHI, SG, SDQ, SDK, SDV };
+#define AT(p, s, b, h) ((p) + (b) * st[3 * (s)] + (h) * st[3 * (s) + 1])
+#define ROW(s) st[3 * (s) + 2]
+
+static void transpose_all(const float *x, const long *st, int s, long B, long Hkv, long T,
+                          long D, float *xt, long tp, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * Hkv; u++)
+        mh_iv_transpose(AT(x, s, u / Hkv, u % Hkv), ROW(s), T, D, xt + u * D * tp, tp);
+}
+
+void mh_iv_forward_all(const float *q, const float *k, const float *v, float *out, float *lse,
+                       const int32_t *lo, const int32_t *hi, const long *st, float *kt, long B,
+                       long H, long Hkv, long T, long D, float scale, int threads) {
+    const long tp = T + 16, G = H / Hkv;
+    transpose_all(k, st, SK, B, Hkv, T, D, kt, tp, threads);
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * H; u++) {
+        const long b = u / H, h = u % H;
+        mh_iv_forward(AT(q, SQ, b, h), ROW(SQ), kt + (b * Hkv + h / G) * D * tp, tp,
+                      AT(v, SV, b, h / G), ROW(SV), AT(out, SO, b, h), ROW(SO),
+                      AT(lse, SL, b, h), AT(lo, SLO, b, h), AT(hi, SHI, b, h), T, D, scale);
+    }
+}
+
+void mh_iv_backward_all(const float *q, const float *k, const float *v, const float *go,
+                        const float *out, const float *lse, const int32_t *lo,
+                        const int32_t *hi, float *dq, float *dk, float *dv, const long *st,
+                        float *kt, float *vt, long B, long H, long Hkv, long T, long D,
+                        float scale, int threads) {
+    const long tp = T + 16, G = H / Hkv;
+    transpose_all(k, st, SK, B, Hkv, T, D, kt, tp, threads);
+    transpose_all(v, st, SV, B, Hkv, T, D, vt, tp, threads);
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * Hkv; u++) {
+        const long b = u / Hkv, g = u % Hkv;
+        float *gk = AT(dk, SDK, b, g), *gv = AT(dv, SDV, b, g);
+        for (long t = 0; t < T; t++) {
+            memset(gk + t * ROW(SDK), 0, D * sizeof(float));
+            memset(gv + t * ROW(SDV), 0, D * sizeof(float));
+        }
+        for (long h = g * G; h < g * G + G; h++)
+            mh_iv_backward(AT(q, SQ, b, h), ROW(SQ), AT(k, SK, b, g), ROW(SK),
+                           kt + u * D * tp, AT(v, SV, b, g), ROW(SV), vt + u * D * tp, tp,
+                           AT(go, SG, b, h), ROW(SG), AT(out, SO, b, h), ROW(SO),
+                           AT(lse, SL, b, h), AT(lo, SLO, b, h), AT(hi, SHI, b, h),
+                           AT(dq, SDQ, b, h), ROW(SDQ), gk, ROW(SDK), gv, ROW(SDV), T, D, scale);
+    }
+}

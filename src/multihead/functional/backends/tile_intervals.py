@@ -1,9 +1,32 @@
 """Attention where each query row sees ONE interval of keys, lo[i] .. hi[i] - 1, by a C kernel
 that computes exactly those pairs (row_intervals.c, beside this file): a causal window
-(lo = i - W + 1), causal documents (lo = the document's start), a window within documents
-(the later of the two), any held mask whose rows are such intervals.
+(lo = i - W + 1), documents (lo = the document's start; hi = i + 1, or the document's end
+without causality), a window within documents (the later of the two), any held mask_mod
+plan whose rows are such intervals (`held_intervals`, from its band: `mask_band`).
 
-(Figures and the why: see the end of this docstring.)
+Why: the band paths (tile_band.py, tile_masked_band.py) run torch's fused flash kernel on
+short blocks over overlapping key bands: 1.125-1.5x the allowed pairs, and that kernel costs
+~3x more per pair on such narrow calls than on a long causal call. A causal window of 64
+within documents (the bench's general_mod) read 3.5-4.1x its ideal. The kernel here takes
+blocks of 4 query rows over the union of their intervals, 16 keys at a time from K^T (a
+transposed copy per kv head), so its cost follows the allowed pairs; the backward recomputes
+the probabilities from lse and accumulates dk, dv per kv head (its query heads in turn: no
+atomics). Units (a query head forward, a kv head backward) run on the caller's torch threads
+by OpenMP (the library links the libgomp torch loaded, so its threads are torch's own: no
+wake-up of other workers after a projection's GEMM), dynamically scheduled.
+
+Measured (idle-ish 2-core machine shared with another session; (1, 8, 4096, 64), fwd + bwd,
+ratio to the ideal = allowed pairs / causal pairs x causal SDPA time, interleaved rounds,
+this kernel vs the path it replaces, same process): general_mod 1.5-1.8x vs 2.4-3.9x (1 and
+2 threads); window 64 1.75x vs 2.7-3.1x; window 128 1.33x vs 2.0-2.2x; window 256 1.2x vs
+1.45-1.6x; window 512 1.1x vs 1.26-1.36x; window 1024 1.05-1.08x vs 1.18-1.2x; documents
+(8 of 512) 0.8-0.9x vs 1.5x. So every window width and documents run here when the inputs
+allow it. Forward alone at general_mod: 0.4-0.65x the masked band's time.
+
+Not taken (the band paths, or the general plan, run instead): other dtypes (fp64, bf16,
+fp16), D not a multiple of 16 or above 256, a head dimension that is not contiguous, a mask
+or bias beside the structure, dropout, Tq != Tk, no C compiler (MULTIHEAD_NO_KERNELS=1),
+tracing (the tiled backend refuses torch.compile / export itself).
 
 Shapes: q (B, H, T, D), k / v (B, Hkv, T, D), D a multiple of 16, float32 on the CPU; lo, hi
 (B, H, T) int32 (a plan's (B or 1, H or 1, T) expanded); out (B, H, T, D), lse (B, H, T);
@@ -14,7 +37,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
 from importlib import resources
 from typing import NamedTuple
 
@@ -23,10 +45,10 @@ from torch import Tensor
 
 from ... import native
 from ..mask_band import BandMask, band_of_grid
-from .tile_threads import head_units, run, workers
+from .tile_threads import workers
 
 _SOURCE = (resources.files(__package__) / "row_intervals.c").read_text("utf-8")
-_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 PAD = 16  # columns after the last key in K^T, V^T: a 16-key step may read past it
 
 
@@ -35,15 +57,16 @@ def library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (`native.load`). `extra` flags are
     appended (tests build the AVX2 and scalar variants)."""
     lib = native.load("row_intervals", _SOURCE, (*_FLAGS, *extra))
+    if lib is None:  # (no OpenMP: the same kernel, on one thread)
+        lib = native.load("row_intervals", _SOURCE, (*_FLAGS, *extra, "-fno-openmp"))
     if lib is None:
         return None
-    p, i = ctypes.c_void_p, ctypes.c_long
-    lib.mh_iv_forward.argtypes = [p, i, p, i, p, i, p, i, p, p, p, i, i, ctypes.c_float]
-    lib.mh_iv_backward.argtypes = [
-        p, i, p, i, p, p, i, p, i, p, i, p, i, p, p, p, p, i, p, i, p, i, i, i, ctypes.c_float,
+    p, i, f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+    lib.mh_iv_forward_all.argtypes = [p, p, p, p, p, p, p, p, p, i, i, i, i, i, f, ctypes.c_int]
+    lib.mh_iv_backward_all.argtypes = [
+        p, p, p, p, p, p, p, p, p, p, p, p, p, p, i, i, i, i, i, f, ctypes.c_int,
     ]  # fmt: skip
-    lib.mh_iv_transpose.argtypes = [p, i, i, i, p, i]
-    lib.mh_iv_forward.restype = lib.mh_iv_backward.restype = lib.mh_iv_transpose.restype = None
+    lib.mh_iv_forward_all.restype = lib.mh_iv_backward_all.restype = None
     return lib
 
 
@@ -93,17 +116,16 @@ def interval_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
     )
 
 
-def _at(t: Tensor, b: int, h: int) -> int:
-    """The address of t[b, h] (float32 or int32)."""
-    return t.data_ptr() + 4 * (b * t.stride(0) + h * t.stride(1))
+def _strides(*tensors: Tensor) -> ctypes.Array:
+    """Each tensor's (batch, head, row) strides, in one C array of longs."""
+    return (ctypes.c_long * (3 * len(tensors)))(*(s for t in tensors for s in t.stride()[:3]))
 
 
-def _transposed(lib: ctypes.CDLL, x: Tensor) -> Tensor:
-    """(T, D), rows of D contiguous -> (D, T + PAD) contiguous, the padding zeros."""
-    T, D = x.shape
-    xt = x.new_empty(D, T + PAD)
-    lib.mh_iv_transpose(x.data_ptr(), x.stride(0), T, D, xt.data_ptr(), T + PAD)
-    return xt
+def _threads(*tensors: Tensor) -> int:
+    """The OpenMP threads of a call: the caller's torch threads, or 1 where the tiled
+    backend's units must run inline (`tile_threads.workers`: a call from a worker, a torch
+    function mode, a tensor subclass)."""
+    return workers(*tensors)
 
 
 def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor, lse: Tensor):
@@ -111,20 +133,13 @@ def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor,
     lib = library()
     assert lib is not None
     B, H, T, D = q.shape
-    G = H // k.shape[1]
-
-    def unit(rows: slice, kv: slice) -> None:
-        for b in range(B)[rows]:
-            for g in range(k.shape[1])[kv]:
-                kt = _transposed(lib, k[b, g])
-                for h in range(g * G, g * G + G):
-                    lib.mh_iv_forward(
-                        _at(q, b, h), q.stride(2), kt.data_ptr(), T + PAD, _at(v, b, g),
-                        v.stride(2), _at(out, b, h), out.stride(2), _at(lse, b, h),
-                        _at(lo, b, h), _at(hi, b, h), T, D, scale,
-                    )  # fmt: skip
-
-    _run(unit, q, k, v, out)
+    Hkv = k.shape[1]
+    kt = q.new_empty(B, Hkv, D, T + PAD)
+    st = _strides(q, k, v, out, lse, lo, hi)
+    lib.mh_iv_forward_all(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), lo.data_ptr(),
+        hi.data_ptr(), st, kt.data_ptr(), B, H, Hkv, T, D, scale, _threads(q, k, v, out),
+    )  # fmt: skip
 
 
 def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv):
@@ -135,34 +150,14 @@ def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk,
         grad_out = grad_out.contiguous()
     B, H, T, D = q.shape
     Hkv = k.shape[1]
-    G = H // Hkv
-
-    def unit(rows: slice, kv: slice) -> None:
-        for b in range(B)[rows]:
-            for g in range(Hkv)[kv]:
-                kt, vt = _transposed(lib, k[b, g]), _transposed(lib, v[b, g])
-                dk[b, g] = 0
-                dv[b, g] = 0
-                for h in range(g * G, g * G + G):
-                    lib.mh_iv_backward(
-                        _at(q, b, h), q.stride(2), _at(k, b, g), k.stride(2), kt.data_ptr(),
-                        _at(v, b, g), v.stride(2), vt.data_ptr(), T + PAD, _at(grad_out, b, h),
-                        grad_out.stride(2), _at(out, b, h), out.stride(2), _at(lse, b, h),
-                        _at(lo, b, h), _at(hi, b, h), _at(dq, b, h), dq.stride(2),
-                        _at(dk, b, g), dk.stride(2), _at(dv, b, g), dv.stride(2), T, D, scale,
-                    )  # fmt: skip
-
-    _run(unit, q, k, v, grad_out, dq)
-
-
-def _run(unit: Callable[[slice, slice], None], q: Tensor, k: Tensor, *more: Tensor) -> None:
-    """The units (a batch row's group of kv heads each) on the workers (`tile_threads`)."""
-    n = workers(q, k, *more)
-    units = [
-        functools.partial(unit, rows, kv)
-        for rows, _, kv in head_units(q.shape[0], q.shape[1], k.shape[1], n)
-    ]
-    run(units, n)
+    kt, vt = q.new_empty(B, Hkv, D, T + PAD), q.new_empty(B, Hkv, D, T + PAD)
+    st = _strides(q, k, v, out, lse, lo, hi, grad_out, dq, dk, dv)
+    lib.mh_iv_backward_all(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), grad_out.data_ptr(), out.data_ptr(),
+        lse.data_ptr(), lo.data_ptr(), hi.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+        dv.data_ptr(), st, kt.data_ptr(), vt.data_ptr(), B, H, Hkv, T, D, scale,
+        _threads(q, k, v, grad_out, dq),
+    )  # fmt: skip
 
 
 def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals | None:
