@@ -11,7 +11,7 @@ import torch
 
 from multihead import MultiHeadAttention, attention, native
 from multihead.functional import block_mask
-from multihead.functional.backends import tile_intervals
+from multihead.functional.backends import tile_intervals, tile_threads
 from multihead.functional.backends import tiled as tiled_backend
 
 from conftest import assert_close
@@ -79,8 +79,12 @@ def run_kernel(q, k, v, lo, hi, grad_out):
 
 @pytest.mark.parametrize("W", [1, 7, 64, 200])
 @pytest.mark.parametrize("hkv", [H, 2], ids=["mha", "gqa"])
-def test_the_kernel_against_the_reference(threads, W, hkv):
+@pytest.mark.parametrize("busy", [False, True], ids=["inline", "units"])
+def test_the_kernel_against_the_reference(monkeypatch, threads, W, hkv, busy):
+    """Inline (one C call on OpenMP threads) and in units on the workers (the per-call choice
+    of `tile_threads.per_call`, here forced by the runnable count it reads)."""
     needs_kernel()
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6 if busy else 1)
     q, k, v = inputs(hkv)
     lo, hi = intervals(W, empty=W == 7)
     grad_out = torch.randn(B, H, T, D)

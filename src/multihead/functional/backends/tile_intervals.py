@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from importlib import resources
 from typing import NamedTuple
 
@@ -45,7 +46,7 @@ from torch import Tensor
 
 from ... import native
 from ..mask_band import BandMask, band_of_grid
-from .tile_threads import workers
+from .tile_threads import head_units, per_call, run, workers
 
 _SOURCE = (resources.files(__package__) / "row_intervals.c").read_text("utf-8")
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
@@ -121,25 +122,50 @@ def _strides(*tensors: Tensor) -> ctypes.Array:
     return (ctypes.c_long * (3 * len(tensors)))(*(s for t in tensors for s in t.stride()[:3]))
 
 
-def _threads(*tensors: Tensor) -> int:
-    """The OpenMP threads of a call: the caller's torch threads, or 1 where the tiled
-    backend's units must run inline (`tile_threads.workers`: a call from a worker, a torch
-    function mode, a tensor subclass)."""
-    return workers(*tensors)
+def _run(
+    call: Callable[..., None],
+    q: Tensor,
+    k: Tensor,
+    kv: list[Tensor],
+    qh: list[Tensor],
+    *more: Tensor,
+) -> None:
+    """`call(kv tensors, query-head tensors, threads)` over the whole call or in units.
+
+    The per-call thread choice of the fast paths (`tile_threads.per_call`): inline, one C call
+    on the caller's torch threads by OpenMP (a small call on free cores: torch's threads take
+    it at once after a projection's GEMM); else units of batch rows and kv heads on the
+    tiled backend's workers, one C call each on one thread (a descheduled thread holds up
+    only its own unit)."""
+    n = workers(q, k, *more)
+    n = per_call(n, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+    if n <= 1:
+        call(kv, qh, workers(q, k, *more))
+        return
+    units = [
+        functools.partial(call, [t[r, g] for t in kv], [t[r, h] for t in qh], 1)
+        for r, h, g in head_units(q.shape[0], q.shape[1], k.shape[1], n)
+    ]
+    run(units, n)
 
 
 def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor, lse: Tensor):
     """Write out (B, H, T, D; rows of D contiguous) and lse (B, H, T; contiguous)."""
     lib = library()
     assert lib is not None
-    B, H, T, D = q.shape
-    Hkv = k.shape[1]
-    kt = q.new_empty(B, Hkv, D, T + PAD)
-    st = _strides(q, k, v, out, lse, lo, hi)
-    lib.mh_iv_forward_all(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), lo.data_ptr(),
-        hi.data_ptr(), st, kt.data_ptr(), B, H, Hkv, T, D, scale, _threads(q, k, v, out),
-    )  # fmt: skip
+
+    def call(kv: list[Tensor], qh: list[Tensor], threads: int) -> None:
+        (k, v), (q, out, lse, lo, hi) = kv, qh
+        B, H, T, D = q.shape
+        Hkv = k.shape[1]
+        kt = q.new_empty(B, Hkv, D, T + PAD)
+        st = _strides(q, k, v, out, lse, lo, hi)
+        lib.mh_iv_forward_all(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            lo.data_ptr(), hi.data_ptr(), st, kt.data_ptr(), B, H, Hkv, T, D, scale, threads,
+        )  # fmt: skip
+
+    _run(call, q, k, [k, v], [q, out, lse, lo, hi], v, out)
 
 
 def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv):
@@ -148,16 +174,20 @@ def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk,
     assert lib is not None
     if grad_out.stride(3) != 1:  # (an expanded gradient: a sum's)
         grad_out = grad_out.contiguous()
-    B, H, T, D = q.shape
-    Hkv = k.shape[1]
-    kt, vt = q.new_empty(B, Hkv, D, T + PAD), q.new_empty(B, Hkv, D, T + PAD)
-    st = _strides(q, k, v, out, lse, lo, hi, grad_out, dq, dk, dv)
-    lib.mh_iv_backward_all(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), grad_out.data_ptr(), out.data_ptr(),
-        lse.data_ptr(), lo.data_ptr(), hi.data_ptr(), dq.data_ptr(), dk.data_ptr(),
-        dv.data_ptr(), st, kt.data_ptr(), vt.data_ptr(), B, H, Hkv, T, D, scale,
-        _threads(q, k, v, grad_out, dq),
-    )  # fmt: skip
+
+    def call(kvs: list[Tensor], qh: list[Tensor], threads: int) -> None:
+        (k, v, dk, dv), (q, grad_out, out, lse, lo, hi, dq) = kvs, qh
+        B, H, T, D = q.shape
+        Hkv = k.shape[1]
+        kt, vt = q.new_empty(B, Hkv, D, T + PAD), q.new_empty(B, Hkv, D, T + PAD)
+        st = _strides(q, k, v, out, lse, lo, hi, grad_out, dq, dk, dv)
+        lib.mh_iv_backward_all(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), grad_out.data_ptr(), out.data_ptr(),
+            lse.data_ptr(), lo.data_ptr(), hi.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+            dv.data_ptr(), st, kt.data_ptr(), vt.data_ptr(), B, H, Hkv, T, D, scale, threads,
+        )  # fmt: skip
+
+    _run(call, q, k, [k, v, dk, dv], [q, grad_out, out, lse, lo, hi, dq], v, grad_out, dq)
 
 
 def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals | None:
