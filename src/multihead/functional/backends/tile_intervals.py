@@ -124,6 +124,7 @@ def _strides(*tensors: Tensor) -> ctypes.Array:
 
 def _run(
     call: Callable[..., None],
+    pairs: Tensor,
     q: Tensor,
     k: Tensor,
     kv: list[Tensor],
@@ -136,9 +137,9 @@ def _run(
     on the caller's torch threads by OpenMP (a small call on free cores: torch's threads take
     it at once after a projection's GEMM); else units of batch rows and kv heads on the
     tiled backend's workers, one C call each on one thread (a descheduled thread holds up
-    only its own unit)."""
-    n = workers(q, k, *more)
-    n = per_call(n, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+    only its own unit). The size it weighs is the pairs the intervals allow (what this
+    kernel computes), not the dense B H T^2 of the band paths' calls."""
+    n = per_call(workers(q, k, *more), int(pairs))
     if n <= 1:
         call(kv, qh, workers(q, k, *more))
         return
@@ -147,6 +148,11 @@ def _run(
         for r, h, g in head_units(q.shape[0], q.shape[1], k.shape[1], n)
     ]
     run(units, n)
+
+
+def _pairs(lo: Tensor, hi: Tensor) -> Tensor:
+    """The pairs the intervals allow (lo, hi (B, H, T), expanded or not)."""
+    return (hi - lo).clamp_(min=0).sum()
 
 
 def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor, lse: Tensor):
@@ -165,7 +171,7 @@ def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor,
             lo.data_ptr(), hi.data_ptr(), st, kt.data_ptr(), B, H, Hkv, T, D, scale, threads,
         )  # fmt: skip
 
-    _run(call, q, k, [k, v], [q, out, lse, lo, hi], v, out)
+    _run(call, _pairs(lo, hi), q, k, [k, v], [q, out, lse, lo, hi], v, out)
 
 
 def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv):
@@ -187,7 +193,8 @@ def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk,
             dv.data_ptr(), st, kt.data_ptr(), vt.data_ptr(), B, H, Hkv, T, D, scale, threads,
         )  # fmt: skip
 
-    _run(call, q, k, [k, v, dk, dv], [q, grad_out, out, lse, lo, hi, dq], v, grad_out, dq)
+    qh = [q, grad_out, out, lse, lo, hi, dq]
+    _run(call, _pairs(lo, hi), q, k, [k, v, dk, dv], qh, v, grad_out, dq)
 
 
 def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals | None:
