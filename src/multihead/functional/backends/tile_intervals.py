@@ -11,17 +11,29 @@ within documents (the bench's general_mod) read 3.5-4.1x its ideal. The kernel h
 blocks of 4 query rows over the union of their intervals, 16 keys at a time from K^T (a
 transposed copy per kv head), so its cost follows the allowed pairs; the backward recomputes
 the probabilities from lse and accumulates dk, dv per kv head (its query heads in turn: no
-atomics). Units (a query head forward, a kv head backward) run on the caller's torch threads
-by OpenMP (the library links the libgomp torch loaded, so its threads are torch's own: no
-wake-up of other workers after a projection's GEMM), dynamically scheduled.
+atomics). Threads: the fast paths' per-call choice (`tile_threads.per_call`, weighing the
+pairs the intervals allow): inline, one C call whose units (a query head forward, a kv head
+backward) run on the caller's torch threads by OpenMP, dynamically scheduled (the library
+links the libgomp torch loaded: its threads are torch's own, awake after a projection's
+GEMM); beside a busy process, units of batch rows and kv heads on the tiled backend's
+workers, one single-threaded C call each.
 
-Measured (idle-ish 2-core machine shared with another session; (1, 8, 4096, 64), fwd + bwd,
-ratio to the ideal = allowed pairs / causal pairs x causal SDPA time, interleaved rounds,
-this kernel vs the path it replaces, same process): general_mod 1.5-1.8x vs 2.4-3.9x (1 and
-2 threads); window 64 1.75x vs 2.7-3.1x; window 128 1.33x vs 2.0-2.2x; window 256 1.2x vs
-1.45-1.6x; window 512 1.1x vs 1.26-1.36x; window 1024 1.05-1.08x vs 1.18-1.2x; documents
-(8 of 512) 0.8-0.9x vs 1.5x. So every window width and documents run here when the inputs
-allow it. Forward alone at general_mod: 0.4-0.65x the masked band's time.
+Measured (2-core machine shared with another session; fwd + bwd; /ideal as the bench
+prints it: structured / (allowed pairs / causal pairs x causal time), the module's with its
+projections; `multihead bench attention --mask general_mod,window,mask_mod,documents,
+documents_mod --repeats 3`, 2 threads, before (commit 4a0f47f) -> after):
+  general_mod fn T 4096 2.77x -> 1.68x, T 8192 3.39x -> 2.14x; module 1.58x -> 1.25x (T 1024),
+  1.41x -> 1.23x (T 4096); window fn 1.60x -> 1.23x, 1.56x -> 1.11x; module 1.28x -> 1.03x,
+  1.30x -> 0.98x; mask_mod fn 1.61x -> 1.23x, 1.59x -> 1.06x; module 1.20x -> 1.05x,
+  1.28x -> 1.17x; documents fn 1.75x -> 1.08x, 1.35x -> 0.86x; module 1.33x -> 1.21x,
+  1.35x -> 1.19x; documents_mod alike.
+In one process, interleaved, the kernel called directly against the path it replaces,
+(1, 8, 4096, 64), /ideal at 1 and 2 threads: window 64 1.75x vs 2.7-3.1x; 128 1.33x vs
+2.0-2.2x; 256 1.2x vs 1.45-1.6x; 512 1.1x vs 1.26-1.36x; 1024 1.05-1.08x vs 1.18-1.2x;
+documents (8 of 512) 0.8-0.9x vs 1.5x: every width runs here. Its forward alone at
+general_mod: 0.4-0.65x the masked band's time.
+Tried and dropped: blocks of 8 query rows (the P V accumulators spill: ~7% slower), the
+key-gradient sums as a tree (no change measured).
 
 Not taken (the band paths, or the general plan, run instead): other dtypes (fp64, bf16,
 fp16), D not a multiple of 16 or above 256, a head dimension that is not contiguous, a mask
