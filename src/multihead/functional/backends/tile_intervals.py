@@ -21,12 +21,16 @@ workers, one single-threaded C call each.
 Measured (2-core machine shared with another session; fwd + bwd; /ideal as the bench
 prints it: structured / (allowed pairs / causal pairs x causal time), the module's with its
 projections; `multihead bench attention --mask general_mod,window,mask_mod,documents,
-documents_mod --repeats 3`, 2 threads, before (commit 4a0f47f) -> after):
-  general_mod fn T 4096 2.77x -> 1.68x, T 8192 3.39x -> 2.14x; module 1.58x -> 1.25x (T 1024),
-  1.41x -> 1.23x (T 4096); window fn 1.60x -> 1.23x, 1.56x -> 1.11x; module 1.28x -> 1.03x,
-  1.30x -> 0.98x; mask_mod fn 1.61x -> 1.23x, 1.59x -> 1.06x; module 1.20x -> 1.05x,
-  1.28x -> 1.17x; documents fn 1.75x -> 1.08x, 1.35x -> 0.86x; module 1.33x -> 1.21x,
-  1.35x -> 1.19x; documents_mod alike.
+documents_mod --repeats 3`, 2 threads, before (commit 4a0f47f) -> after (two runs)):
+  general_mod fn T 4096 2.77x -> 1.68-2.08x, T 8192 3.39x -> 2.14-2.17x; module T 1024
+  1.58x -> 1.22-1.25x, T 4096 1.41x -> 1.23-1.30x;
+  window fn 1.60x -> 1.08x, 1.56x -> 1.03x; module 1.28x -> 1.07x, 1.30x -> 1.11x;
+  mask_mod fn 1.61x -> 1.00x, 1.59x -> 1.05x; module 1.20x -> 1.04x, 1.28x -> 1.13x;
+  documents fn 1.75x -> 1.04x, 1.35x -> 0.84x; module 1.33x -> 1.18x, 1.35x -> 1.15x;
+  documents_mod fn 1.70x -> 0.93x, 1.31x -> 0.90x; module 1.35x -> 1.21x, 1.33x -> 1.10x.
+Beside a busy process (`--conditions contend`, the workers' units): window module 1.03x
+(T 1024), 1.14x (T 4096). general_mod stays above 2x in its function row: its backward (five
+products a pair against the forward's two) is ~2/3 of the call.
 In one process, interleaved, the kernel called directly against the path it replaces,
 (1, 8, 4096, 64), /ideal at 1 and 2 threads: window 64 1.75x vs 2.7-3.1x; 128 1.33x vs
 2.0-2.2x; 256 1.2x vs 1.45-1.6x; 512 1.1x vs 1.26-1.36x; 1024 1.05-1.08x vs 1.18-1.2x;
