@@ -29,7 +29,8 @@ documents_mod --repeats 3`, 2 threads, before (commit 4a0f47f) -> after (two run
   documents fn 1.75x -> 1.04x, 1.35x -> 0.84x; module 1.33x -> 1.18x, 1.35x -> 1.15x;
   documents_mod fn 1.70x -> 0.93x, 1.31x -> 0.90x; module 1.35x -> 1.21x, 1.33x -> 1.10x.
 Beside a busy process (`--conditions contend`, the workers' units): window module 1.03x
-(T 1024), 1.14x (T 4096). general_mod stays above 2x in its function row: its backward (five
+(T 1024), 1.14x (T 4096); general_mod fn 2.54x (T 4096), 3.56x (T 8192), module 0.88x,
+1.43x. general_mod stays above 2x in its function row: its backward (five
 products a pair against the forward's two) is ~2/3 of the call.
 In one process, interleaved, the kernel called directly against the path it replaces,
 (1, 8, 4096, 64), /ideal at 1 and 2 threads: window 64 1.75x vs 2.7-3.1x; 128 1.33x vs
