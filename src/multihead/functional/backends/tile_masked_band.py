@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..mask_band import BandMask
 from .tile_band import overlap_add
+from .tile_intervals import Intervals, band_intervals
 from .tile_kernel import KERNEL_DTYPES, NEG_INF, flash_backward, flash_forward
 
 FORWARD_BLOCK = 32  # rows per forward block (the kernel runs 32-row query tiles)
@@ -64,7 +65,19 @@ class MaskedBand:
         self.bb = backward_block(L)
         self.keys = (T - (L + self.bb)) // self.bb + 1  # backward key blocks run batched
         self._masks: dict[tuple[str, torch.dtype], Tensor] = {}
+        self._intervals: list[Intervals | None] = []  # (found once: `intervals`)
         self._lock = threading.Lock()
+
+    def intervals(self) -> Intervals | None:
+        """The band's rows as key intervals (`tile_intervals.band_intervals`: the interval
+        kernel runs the plan instead of the blocks), found once; None where a row has a hole."""
+        with self._lock:
+            if self._intervals:
+                return self._intervals[0]
+        found = band_intervals(self.band)
+        with self._lock:
+            self._intervals[:] = [found]
+        return found
 
     def fits(self) -> bool:
         """Whether both directions have at least two batched blocks and the masks fit."""

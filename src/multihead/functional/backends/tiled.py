@@ -36,6 +36,16 @@ from ..structure import Structure, structure_mask
 from ..tile_plan import Tile, block_rows, block_size, plan_tiles
 from ..tiles import NEG_INF, accumulation_dtype, merge_into, tile_backward, tile_forward
 from .tile_band import BandPlan, band_backward, band_forward, band_plan
+from .tile_intervals import (
+    Intervals,
+    held_intervals,
+    interval_backward,
+    interval_forward,
+    interval_plan,
+    interval_runs,
+    segments_intervals,
+    structure_intervals,
+)
 from .tile_kernel import kernel_backward, kernel_forward, kernel_runs
 from .tile_masked_band import (
     FORWARD_BLOCK,
@@ -135,7 +145,18 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     prefix_p = prefix_plan(structure, call.causal, mask, bias, q, k) if fused else None
     rows = []
     masked = None
-    if band is None and segments is None and prefix_p is None:
+    # The interval kernel (tile_intervals.py: each row one interval of keys, exactly the
+    # allowed pairs) where it takes the inputs: documents (their runs), window= with
+    # documents=, a held plan (nothing beside it) whose rows are intervals
+    intervals = None
+    if segments is not None and interval_runs(q, k, v) and tq == tk:
+        intervals, segments = segments_intervals(segments, B, tq, causal), None
+    if intervals is None and fused:
+        intervals = structure_intervals(structure, call.causal, mask, bias, q, k)
+    held_alone = isinstance(kind, MaskPlan) and _mod_alone(structure) and band is None
+    if intervals is None and fused and held_alone and segments is None and mask is None:
+        intervals = held_intervals(kind, call.causal, q, k) if bias is None else None
+    if band is None and segments is None and prefix_p is None and intervals is None:
         rows = _plan(structure, call.causal, B, H, tq, tk, block, kind, q, k, v)
         if fused and isinstance(kind, TileClassifier):
             band, segments, masked = _classified_fast_path(
@@ -146,6 +167,12 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
             masked = _plan_band(kind, rows, structure, call.causal, block, mask, bias, q, k)
         if band is not None or segments is not None or masked is not None:
             rows = []
+    # a causal window, or a band whose rows are each one interval of keys: the interval
+    # kernel (tile_intervals.py: exactly the allowed pairs) where it takes the inputs
+    if intervals is None and fused:
+        intervals = interval_plan(band, masked, mask, bias, q, k)
+    if intervals is not None:
+        band = masked = None
     if band is not None:
         block = band.block
     indexed = list(enumerate(rows))  # (query block index, its tiles)
@@ -164,7 +191,7 @@ def tiled_attention(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         # (documents recognised in a mask_mod are causal inside: the segments run causal)
         indexed, block, band, segments, prefix_p, structure, causal, call.scale, dropout,
         spans, {} if kind is None else kind.masks, _span_cache(kind, structure, call.causal, q),
-        masked,
+        masked, intervals,
     )  # fmt: skip
     # The general plan's tiles slice q, k, v along the sequence: from a module's (B, T, H, D)
     # projections those are strided views, slower to read tile by tile than one contiguous
@@ -332,6 +359,7 @@ class _Setup(NamedTuple):
     masks: dict  # the mask_mod's evaluated partial tiles, by (q0, q1, k0, k1), from the plan
     span_masks: SpanCache  # the spans' assembled masks, made in forward, read in backward
     masked: MaskedBand | None = None  # a mask inside a causal band (tile_masked_band.py)
+    intervals: Intervals | None = None  # one key interval per row (tile_intervals.py)
 
 
 def _tile_rows(setup: _Setup) -> bool:
@@ -473,6 +501,9 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
         _fast_forward(setup, q, k, v, out, lse)
     if setup.masked is not None:
         _masked_forward(setup.masked, setup.scale, q, k, v, out, lse)
+    if setup.intervals is not None:
+        lo, hi = (t.expand(B, H, tq) for t in setup.intervals)
+        interval_forward(q, k, v, lo, hi, setup.scale, out, lse)
     if setup.rows:
         _plan_forward(setup, q, k, v, mask, bias, out, lse)
     return out, lse
@@ -596,7 +627,7 @@ def _gradient_buffers(q, k, v, setup: _Setup, acc, packed: PackedViews | None):
     general plan adds tile by tile into zeros."""
     writes = (
         setup.segments is not None or setup.prefix is not None or setup.band is not None
-        or setup.masked is not None
+        or setup.masked is not None or setup.intervals is not None
     )  # fmt: skip
     if packed is not None:
         fill = torch.empty if writes and packed.covers else torch.zeros
@@ -632,6 +663,10 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
         _fast_backward(setup, q, k, v, grad_out, out, lse, dq, dk, dv)
     if setup.masked is not None:
         _masked_backward(setup.masked, setup.scale, q, k, v, grad_out, out, lse, dq, dk, dv)
+    if setup.intervals is not None:
+        B, H, T = lse.shape
+        lo, hi = (t.expand(B, H, T) for t in setup.intervals)
+        interval_backward(q, k, v, grad_out, out, lse, lo, hi, setup.scale, dq, dk, dv)
     if rows:
         _plan_backward(setup, q, k, v, mask, bias, out, lse, grad_out, delta, grads, dbias, fused)
     return dbias

@@ -40,20 +40,16 @@ threads, loaded; values unchanged).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import subprocess
-import tempfile
 import weakref
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ... import native
 
 GROUP = 32
 KERNEL_MAX_ROWS = 8  # measured crossover (docs/performance.md): above it, dequantise + GEMM
@@ -64,39 +60,14 @@ _SOURCE = (resources.files(__package__) / "kernels.c").read_text("utf-8")
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "multihead"
-
-
 @cache
 def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be built (no C compiler, no OpenMP,
     MULTIHEAD_NO_KERNELS=1): callers then take the torch path. `extra` flags are appended
-    (tests build the AVX2 and scalar variants with `-mno-avx512f`, `-mno-avx2`)."""
-    if os.environ.get("MULTIHEAD_NO_KERNELS") == "1" or platform.system() != "Linux":
-        return None
-    flags = [*_FLAGS, *extra]
-    key = hashlib.sha256(
-        (_SOURCE + " ".join(flags) + platform.machine() + platform.node()).encode()
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"quant_kernels_{key}.so"
-    try:
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                src = Path(tmp) / "k.c"
-                src.write_text(_SOURCE)
-                out = Path(tmp) / "k.so"
-                subprocess.run(
-                    [os.environ.get("CC", "cc"), *flags, str(src), "-o", str(out)],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
-                os.replace(out, target)  # atomic: a concurrent process sees all or nothing
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError):
+    (tests build the AVX2 and scalar variants with `-mno-avx512f`, `-mno-avx2`). Built and
+    cached by `multihead.native.load`."""
+    lib = native.load("quant_kernels", _SOURCE, (*_FLAGS, *extra))
+    if lib is None:
         return None
     f, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.mh_int4_mm.argtypes = [f, f, f, f, i32, f, i64, i64, i64, i32]

@@ -1,0 +1,366 @@
+/* Attention over one interval of keys per query row: row i sees keys lo[i] .. hi[i] - 1
+   (tile_intervals.py says why and where it runs). float32; D a multiple of 16.
+
+   Portable C with GCC/Clang vector types of 16 floats: `cc -O3 -march=native` makes them one
+   AVX-512 register, two AVX2 registers, or scalar code, so one source serves every machine.
+
+   A block of R query rows at a time computes the keys of the union of its intervals
+   (a .. e - 1), 16 keys a step: scores from K transposed (kt: D rows of `tp` floats, padded
+   by at least 16 so a step may read past the last key), each q[r][d] broadcast against 16
+   keys of row d; keys outside a row's own interval are dropped by a lane mask after the
+   exponential (exactly 0). The R rows share every load of K and V.
+
+   Shapes (strides in floats; a row's D values contiguous): q, out, grad_out, dq (T, D) per
+   query head, k, v, dk, dv (T, D) per kv head, kt, vt (D, tp); lse, lo, hi (T) per query
+   head. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+
+#define R 4 /* query rows per block */
+
+static inline v16 ld(const float *p) {
+    v16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+static inline void st(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+static inline v16 splat(float x) { return (v16){0} + x; }
+static inline v16 sel(i16v m, v16 x) { return (v16)(m & (i16v)x); }
+/* Keep a value in a register: GCC otherwise folds a vector used by several FMAs back into
+   each as a memory operand, one load per use (measured: the score loop load-bound). */
+#if defined(__AVX512F__) && defined(__GNUC__) /* (a 16-float register) */
+#define HOLD(x) __asm__("" : "+v"(x))
+#else
+#define HOLD(x) ((void)0)
+#endif
+static inline float hsum(v16 x) {
+    float s = 0.0f;
+    for (int i = 0; i < 16; i++) s += x[i];
+    return s;
+}
+static inline float hmax(v16 x) {
+    float s = x[0];
+    for (int i = 1; i < 16; i++) s = x[i] > s ? x[i] : s;
+    return s;
+}
+
+/* e^x for x <= 0 (Cephes' expf polynomial; 2^n built in the exponent bits). Below -87 the
+   result is clamped to ~e^-87 (callers mask the lanes that must be exactly 0). */
+static inline v16 vexp(v16 x) {
+    const i16v low = x < splat(-87.0f);
+    x = (v16)((low & (i16v)splat(-87.0f)) | (~low & (i16v)x));
+    const v16 t = x * 1.44269504088896341f + 12582912.0f; /* round to nearest */
+    const v16 n = t - 12582912.0f;
+    v16 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v16 p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + (r + 1.0f);
+    const i16v e = (__builtin_convertvector(n, i16v) + 127) << 23;
+    return p * (v16)e;
+}
+
+/* lanes j0 .. j0 + 15 inside [lo, hi) */
+static inline i16v inside(long j0, int32_t lo, int32_t hi) {
+    const i16v j = (i16v){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + (int32_t)j0;
+    return (j >= lo) & (j < hi);
+}
+
+/* s[r][j - a] = x_r . col_j of xt (D rows of tp), for j in a .. a + 16 n - 1, rows 0 .. R-1 */
+static inline __attribute__((always_inline)) void products(const float *x[R], const float *xt,
+                                                           long tp, long a, long n, long D,
+                                                           float *s, long sw) {
+    long c = 0;
+    for (; c + 2 <= n; c += 2) {
+        v16 acc[R][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (v16){0};
+        const float *col = xt + a + 16 * c;
+        for (long d = 0; d < D; d++) {
+            v16 k0 = ld(col + d * tp), k1 = ld(col + d * tp + 16);
+            HOLD(k0);
+            HOLD(k1);
+            for (int r = 0; r < R; r++) {
+                acc[r][0] += x[r][d] * k0;
+                acc[r][1] += x[r][d] * k1;
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            st(s + r * sw + 16 * c, acc[r][0]);
+            st(s + r * sw + 16 * c + 16, acc[r][1]);
+        }
+    }
+    for (; c < n; c++) {
+        v16 acc[R];
+        for (int r = 0; r < R; r++) acc[r] = (v16){0};
+        const float *col = xt + a + 16 * c;
+        for (long d = 0; d < D; d++) {
+            v16 k0 = ld(col + d * tp);
+            HOLD(k0);
+            for (int r = 0; r < R; r++) acc[r] += x[r][d] * k0;
+        }
+        for (int r = 0; r < R; r++) st(s + r * sw + 16 * c, acc[r]);
+    }
+}
+
+/* y_r (D) = sum_j w[r][j - a] row_j of m (rows of stride ms), j in a .. e - 1; DC = D / 16 */
+static inline __attribute__((always_inline)) void weighted(const float *w, long sw,
+                                                           const float *m, long ms, long a,
+                                                           long e, int DC, v16 *y) {
+    for (int i = 0; i < R * DC; i++) y[i] = (v16){0};
+    for (long j = a; j < e; j++) {
+        const float *row = m + j * ms;
+        for (int c = 0; c < DC; c++) {
+            v16 mv = ld(row + 16 * c);
+            HOLD(mv);
+            for (int r = 0; r < R; r++) y[r * DC + c] += w[r * sw + j - a] * mv;
+        }
+    }
+}
+
+/* g_j (D) += sum_r w[r][j - a] x_r, j in a .. e - 1 (g rows of stride gs) */
+static inline __attribute__((always_inline)) void scatter(const float *w, long sw,
+                                                          const float *x[R], float *g, long gs,
+                                                          long a, long e, int DC) {
+    v16 xv[R][16];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < DC; c++) xv[r][c] = ld(x[r] + 16 * c);
+    for (long j = a; j < e; j++) {
+        float *row = g + j * gs;
+        for (int c = 0; c < DC; c++) {
+            v16 acc = ld(row + 16 * c);
+            for (int r = 0; r < R; r++) acc += w[r * sw + j - a] * xv[r][c];
+            st(row + 16 * c, acc);
+        }
+    }
+}
+
+/* the block's union of intervals; rows past T (r >= rows) or with no key count for nothing */
+static long block_keys(const int32_t *lo, const int32_t *hi, long i0, long rows, long *a) {
+    long first = -1, end = 0;
+    for (long r = 0; r < rows; r++) {
+        if (lo[i0 + r] >= hi[i0 + r]) continue;
+        if (first < 0 || lo[i0 + r] < first) first = lo[i0 + r];
+        if (hi[i0 + r] > end) end = hi[i0 + r];
+    }
+    *a = first;
+    return first < 0 ? 0 : end - first;
+}
+
+static inline __attribute__((always_inline)) void forward_head(
+    const float *q, long qs, const float *kt, long tp, const float *v, long vs, float *out,
+    long os, float *lse, const int32_t *lo, const int32_t *hi, long T, long D, float scale,
+    int DC, float *s, long sw) {
+    static const float zero[256];
+    for (long i0 = 0; i0 < T; i0 += R) {
+        const long rows = T - i0 < R ? T - i0 : R;
+        long a;
+        const long n = block_keys(lo, hi, i0, rows, &a);
+        const float *x[R];
+        for (int r = 0; r < R; r++) x[r] = r < rows ? q + (i0 + r) * qs : zero;
+        if (n == 0) {
+            for (long r = 0; r < rows; r++) {
+                memset(out + (i0 + r) * os, 0, D * sizeof(float));
+                lse[i0 + r] = 0.0f;
+            }
+            continue;
+        }
+        const long steps = (n + 15) / 16;
+        products(x, kt, tp, a, steps, D, s, sw);
+        for (int r = 0; r < R; r++) {
+            const int32_t l = r < rows ? lo[i0 + r] : 0, h = r < rows ? hi[i0 + r] : 0;
+            float *sr = s + r * sw;
+            v16 top = splat(-INFINITY);
+            for (long c = 0; c < steps; c++) {
+                const i16v m = inside(a + 16 * c, l, h);
+                const v16 x16 = ld(sr + 16 * c) * scale;
+                top = (v16)((m & (i16v)x16) | (~m & (i16v)top));
+            }
+            const float mx = hmax(top);
+            v16 sum = (v16){0};
+            for (long c = 0; c < steps; c++) {
+                const i16v m = inside(a + 16 * c, l, h);
+                const v16 p = sel(m, vexp(ld(sr + 16 * c) * scale - mx));
+                st(sr + 16 * c, p);
+                sum += p;
+            }
+            const float total = hsum(sum);
+            if (r < rows) lse[i0 + r] = l < h ? mx + logf(total) : 0.0f;
+            /* normalised here, so P V gives the output directly */
+            const v16 inv = splat(l < h ? 1.0f / total : 0.0f);
+            for (long c = 0; c < steps; c++) st(sr + 16 * c, ld(sr + 16 * c) * inv);
+        }
+        v16 y[R * 16];
+        weighted(s, sw, v, vs, a, a + n, DC, y);
+        for (long r = 0; r < rows; r++)
+            for (int c = 0; c < DC; c++) st(out + (i0 + r) * os + 16 * c, y[r * DC + c]);
+    }
+}
+
+/* Forward of one query head. */
+void mh_iv_forward(const float *q, long qs, const float *kt, long tp, const float *v, long vs,
+                   float *out, long os, float *lse, const int32_t *lo, const int32_t *hi, long T,
+                   long D, float scale) {
+    const long sw = tp + 32;
+    float *s = malloc(sizeof(float) * R * sw);
+    if (!s) return;
+    switch (D / 16) { /* (constant chunk counts: the accumulators stay in registers) */
+    case 4: forward_head(q, qs, kt, tp, v, vs, out, os, lse, lo, hi, T, D, scale, 4, s, sw); break;
+    case 8: forward_head(q, qs, kt, tp, v, vs, out, os, lse, lo, hi, T, D, scale, 8, s, sw); break;
+    default:
+        forward_head(q, qs, kt, tp, v, vs, out, os, lse, lo, hi, T, D, scale, (int)(D / 16), s,
+                     sw);
+    }
+    free(s);
+}
+
+static inline __attribute__((always_inline)) void backward_head(
+    const float *q, long qs, const float *k, long ks, const float *kt, const float *v, long vs,
+    const float *vt, long tp, const float *go, long gs, const float *o, long os,
+    const float *lse, const int32_t *lo, const int32_t *hi, float *dq, long dqs, float *dk,
+    long dks, float *dv, long dvs, long T, long D, float scale, int DC, float *p, float *ds,
+    long sw) {
+    static const float zero[256];
+    for (long i0 = 0; i0 < T; i0 += R) {
+        const long rows = T - i0 < R ? T - i0 : R;
+        long a;
+        const long n = block_keys(lo, hi, i0, rows, &a);
+        if (n == 0) {
+            for (long r = 0; r < rows; r++) memset(dq + (i0 + r) * dqs, 0, D * sizeof(float));
+            continue;
+        }
+        const float *x[R], *g[R];
+        float delta[R];
+        for (int r = 0; r < R; r++) {
+            x[r] = r < rows ? q + (i0 + r) * qs : zero;
+            g[r] = r < rows ? go + (i0 + r) * gs : zero;
+            delta[r] = 0.0f;
+            if (r < rows) {
+                v16 acc = (v16){0};
+                const float *orow = o + (i0 + r) * os;
+                for (int c = 0; c < DC; c++) acc += ld(g[r] + 16 * c) * ld(orow + 16 * c);
+                delta[r] = hsum(acc);
+            }
+        }
+        const long steps = (n + 15) / 16;
+        products(x, kt, tp, a, steps, D, p, sw);
+        products(g, vt, tp, a, steps, D, ds, sw);
+        for (int r = 0; r < R; r++) {
+            const int32_t l = r < rows ? lo[i0 + r] : 0, h = r < rows ? hi[i0 + r] : 0;
+            const float m = r < rows ? lse[i0 + r] : 0.0f;
+            float *pr = p + r * sw, *dr = ds + r * sw;
+            for (long c = 0; c < steps; c++) {
+                const i16v in = inside(a + 16 * c, l, h);
+                const v16 pv = sel(in, vexp(ld(pr + 16 * c) * scale - m));
+                st(pr + 16 * c, pv);
+                st(dr + 16 * c, pv * (ld(dr + 16 * c) - delta[r]) * scale);
+            }
+        }
+        v16 y[R * 16];
+        weighted(ds, sw, k, ks, a, a + n, DC, y);
+        for (long r = 0; r < rows; r++)
+            for (int c = 0; c < DC; c++) st(dq + (i0 + r) * dqs + 16 * c, y[r * DC + c]);
+        scatter(ds, sw, x, dk, dks, a, a + n, DC);
+        scatter(p, sw, g, dv, dvs, a, a + n, DC);
+    }
+}
+
+/* Backward of one query head into its kv head's dk, dv (accumulated: the caller zeroes them
+   and runs a kv head's query heads one after another); dq written. */
+void mh_iv_backward(const float *q, long qs, const float *k, long ks, const float *kt,
+                    const float *v, long vs, const float *vt, long tp, const float *go, long gs,
+                    const float *o, long os, const float *lse, const int32_t *lo,
+                    const int32_t *hi, float *dq, long dqs, float *dk, long dks, float *dv,
+                    long dvs, long T, long D, float scale) {
+    const long sw = tp + 32;
+    float *p = malloc(sizeof(float) * 2 * R * sw);
+    if (!p) return;
+    float *ds = p + R * sw;
+#define MH_BACKWARD(DC)                                                                        \
+    backward_head(q, qs, k, ks, kt, v, vs, vt, tp, go, gs, o, os, lse, lo, hi, dq, dqs, dk, dks, \
+                  dv, dvs, T, D, scale, DC, p, ds, sw)
+    switch (D / 16) {
+    case 4: MH_BACKWARD(4); break;
+    case 8: MH_BACKWARD(8); break;
+    default: MH_BACKWARD((int)(D / 16));
+    }
+    free(p);
+}
+
+/* xt (D rows of tp floats) = x^T, x (T rows of stride xs); columns T .. tp - 1 zero. In
+   16 x 16 blocks (torch's strided copy of the transposed view took ~1/3 of the kernel's own
+   time in the backward). */
+void mh_iv_transpose(const float *x, long xs, long T, long D, float *xt, long tp) {
+    for (long t0 = 0; t0 < T; t0 += 16) {
+        const long t1 = t0 + 16 < T ? t0 + 16 : T;
+        for (long d0 = 0; d0 < D; d0 += 16) {
+            const long d1 = d0 + 16 < D ? d0 + 16 : D;
+            for (long t = t0; t < t1; t++)
+                for (long d = d0; d < d1; d++) xt[d * tp + t] = x[t * xs + d];
+        }
+    }
+    for (long d = 0; d < D; d++) memset(xt + d * tp + T, 0, (tp - T) * sizeof(float));
+}
+
+/* The whole call's units on `threads` OpenMP threads (torch's own pool: the library links
+   the libgomp torch loaded), dynamically scheduled: K^T and V^T of every (batch row, kv head)
+   into kt, vt (B Hkv blocks of D x tp), then the forward per query head or the backward per
+   kv head (its query heads in turn: dk, dv need no atomics). Strides st: q, k, v, out, lse,
+   lo, hi, grad_out, dq, dk, dv, each (batch, head, row), in floats or int32s. */
+enum { SQ, SK, SV, SO, SL, SLO, SHI, SG, SDQ, SDK, SDV };
+#define AT(p, s, b, h) ((p) + (b) * st[3 * (s)] + (h) * st[3 * (s) + 1])
+#define ROW(s) st[3 * (s) + 2]
+
+static void transpose_all(const float *x, const long *st, int s, long B, long Hkv, long T,
+                          long D, float *xt, long tp, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * Hkv; u++)
+        mh_iv_transpose(AT(x, s, u / Hkv, u % Hkv), ROW(s), T, D, xt + u * D * tp, tp);
+}
+
+void mh_iv_forward_all(const float *q, const float *k, const float *v, float *out, float *lse,
+                       const int32_t *lo, const int32_t *hi, const long *st, float *kt, long B,
+                       long H, long Hkv, long T, long D, float scale, int threads) {
+    const long tp = T + 16, G = H / Hkv;
+    transpose_all(k, st, SK, B, Hkv, T, D, kt, tp, threads);
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * H; u++) {
+        const long b = u / H, h = u % H;
+        mh_iv_forward(AT(q, SQ, b, h), ROW(SQ), kt + (b * Hkv + h / G) * D * tp, tp,
+                      AT(v, SV, b, h / G), ROW(SV), AT(out, SO, b, h), ROW(SO),
+                      AT(lse, SL, b, h), AT(lo, SLO, b, h), AT(hi, SHI, b, h), T, D, scale);
+    }
+}
+
+void mh_iv_backward_all(const float *q, const float *k, const float *v, const float *go,
+                        const float *out, const float *lse, const int32_t *lo,
+                        const int32_t *hi, float *dq, float *dk, float *dv, const long *st,
+                        float *kt, float *vt, long B, long H, long Hkv, long T, long D,
+                        float scale, int threads) {
+    const long tp = T + 16, G = H / Hkv;
+    transpose_all(k, st, SK, B, Hkv, T, D, kt, tp, threads);
+    transpose_all(v, st, SV, B, Hkv, T, D, vt, tp, threads);
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * Hkv; u++) {
+        const long b = u / Hkv, g = u % Hkv;
+        float *gk = AT(dk, SDK, b, g), *gv = AT(dv, SDV, b, g);
+        for (long t = 0; t < T; t++) {
+            memset(gk + t * ROW(SDK), 0, D * sizeof(float));
+            memset(gv + t * ROW(SDV), 0, D * sizeof(float));
+        }
+        for (long h = g * G; h < g * G + G; h++)
+            mh_iv_backward(AT(q, SQ, b, h), ROW(SQ), AT(k, SK, b, g), ROW(SK),
+                           kt + u * D * tp, AT(v, SV, b, g), ROW(SV), vt + u * D * tp, tp,
+                           AT(go, SG, b, h), ROW(SG), AT(out, SO, b, h), ROW(SO),
+                           AT(lse, SL, b, h), AT(lo, SLO, b, h), AT(hi, SHI, b, h),
+                           AT(dq, SDQ, b, h), ROW(SDQ), gk, ROW(SDK), gv, ROW(SDV), T, D, scale);
+    }
+}

@@ -1,0 +1,254 @@
+"""The row-interval kernel (`backends.tile_intervals`, row_intervals.c): each query row sees
+one interval of keys. The kernel alone (windows of 1, 7, 64 and 200 keys, documents with a
+window, rows with no key, grouped-query heads, two batch rows, an odd length, one and two
+threads, the AVX2 and scalar builds) against the fp64 reference under the dense mask, outputs
+and gradients; the calls routed to it (window=, window= with documents=, a held mask_mod
+plan, the module) against the reference and against the band paths they replace; no
+compiler: the band paths."""
+
+import pytest
+import torch
+
+from multihead import MultiHeadAttention, attention, native
+from multihead.functional import block_mask
+from multihead.functional.backends import tile_intervals, tile_threads
+from multihead.functional.backends import tiled as tiled_backend
+
+from conftest import assert_close
+from reference import reference_attention
+
+B, H, T, D = 2, 4, 151, 32  # (151: odd, not a whole number of the kernel's 4-row blocks)
+SCALE = 0.3
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def needs_kernel():
+    if tile_intervals.library() is None:
+        pytest.skip("no C compiler: the kernel is not built")
+
+
+def intervals(W: int, docs: torch.Tensor | None = None, empty: bool = False):
+    """lo, hi (B, H, T) int32: a causal window of W keys (within docs' contiguous documents);
+    `empty`: some rows see nothing (lo > hi)."""
+    i = torch.arange(T)
+    lo = (i - W + 1).clamp(min=0).expand(B, H, T)
+    if docs is not None:  # (B, T): the first position of each row's document
+        first = torch.zeros(B, T, dtype=torch.long)
+        for p in range(1, T):  # a new document starts where the id changes
+            first[:, p] = torch.where(docs[:, p] == docs[:, p - 1], first[:, p - 1], p)
+        lo = torch.maximum(lo, first[:, None, :])
+    hi = (i + 1).expand(B, H, T).clone()
+    lo = lo.clone()
+    if empty:
+        lo[0, 1, 3:9] = T  # rows 3..8 of batch row 0, head 1: no key
+        hi[1, 2, 100] = 50  # and row 100 of (1, 2) (lo > hi)
+    return lo.int().contiguous(), hi.int().contiguous()
+
+
+def dense(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    j = torch.arange(T)
+    return (j >= lo[..., None].long()) & (j < hi[..., None].long())  # (B, H, T, T)
+
+
+def inputs(hkv: int, seed: int = 0):
+    torch.manual_seed(seed)
+    return [torch.randn(B, h, T, D) for h in (H, hkv, hkv)]
+
+
+def reference(q, k, v, allowed, grad_out):
+    """fp64 reference output and gradients (q, k, v) for grad_out."""
+    q, k, v = (t.double().requires_grad_() for t in (q, k, v))
+    out, _ = reference_attention(q, k, v, mask=allowed, scale=SCALE)
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad_out.double()))
+
+
+def run_kernel(q, k, v, lo, hi, grad_out):
+    out, lse = torch.empty(B, H, T, D), torch.empty(B, H, T)
+    tile_intervals.interval_forward(q, k, v, lo, hi, SCALE, out, lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    tile_intervals.interval_backward(q, k, v, grad_out, out, lse, lo, hi, SCALE, dq, dk, dv)
+    return out, lse, dq, dk, dv
+
+
+@pytest.mark.parametrize("W", [1, 7, 64, 200])
+@pytest.mark.parametrize("hkv", [H, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("busy", [False, True], ids=["inline", "units"])
+def test_the_kernel_against_the_reference(monkeypatch, threads, W, hkv, busy):
+    """Inline (one C call on OpenMP threads) and in units on the workers (the per-call choice
+    of `tile_threads.per_call`, here forced by the runnable count it reads)."""
+    needs_kernel()
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6 if busy else 1)
+    q, k, v = inputs(hkv)
+    lo, hi = intervals(W, empty=W == 7)
+    grad_out = torch.randn(B, H, T, D)
+    out, lse, *got = run_kernel(q, k, v, lo, hi, grad_out)
+    want = reference(q, k, v, dense(lo, hi), grad_out)
+    for a, b in zip((out, *got), want, strict=True):
+        assert_close(a, b)
+    assert torch.isfinite(lse).all()
+    if W == 7:  # rows with no key: zeros, lse 0 (as the fused kernel gives)
+        assert torch.equal(out[0, 1, 3:9], torch.zeros(6, D)) and lse[0, 1, 3:9].eq(0).all()
+        assert torch.equal(got[0][0, 1, 3:9], torch.zeros(6, D))
+
+
+def test_documents_with_a_window_in_the_kernel():
+    needs_kernel()
+    docs = torch.tensor([[0] * 40 + [1] * 70 + [2] * 41, [3] * 1 + [4] * 150])
+    q, k, v = inputs(1)
+    lo, hi = intervals(64, docs)
+    grad_out = torch.randn(B, H, T, D)
+    got = run_kernel(q, k, v, lo, hi, grad_out)
+    want = reference(q, k, v, dense(lo, hi), grad_out)
+    for a, b in zip((got[0], *got[2:]), want, strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2", "-mno-fma")],
+                         ids=["avx2", "scalar"])  # fmt: skip
+def test_the_narrower_builds(monkeypatch, flags):
+    needs_kernel()
+    lib = tile_intervals.library(flags)
+    assert lib is not None
+    monkeypatch.setattr(tile_intervals, "library", lambda extra=(): lib)
+    q, k, v = inputs(2)
+    lo, hi = intervals(20, empty=True)
+    grad_out = torch.randn(B, H, T, D)
+    out, _, *got = run_kernel(q, k, v, lo, hi, grad_out)
+    for a, b in zip((out, *got), reference(q, k, v, dense(lo, hi), grad_out), strict=True):
+        assert_close(a, b)
+
+
+def windowed_documents(b, h, q, k):
+    return (k <= q) & (q - k < 24) & (q // 64 == k // 64)
+
+
+def window_mod(b, h, q, k):
+    return (k <= q) & (q - k < 40)
+
+
+def documents_mod(b, h, q, k):
+    return (k <= q) & (q // 64 == k // 64)
+
+
+N = 256  # (the held plans' length: a whole number of their 32-row blocks)
+DOCS = torch.arange(N) // 64
+
+
+def routed_cases():
+    return {
+        "window": {"window": 40},
+        "window-documents": {"window": 24, "documents": DOCS[None].expand(B, N)},
+        "held-general": {
+            "mask_mod": block_mask(windowed_documents, None, None, N, N, block_size=32)
+        },
+        "held-window": {"mask_mod": block_mask(window_mod, None, None, N, N, block_size=32)},
+        "documents": {"documents": DOCS[None].expand(B, N)},
+        "held-documents": {"mask_mod": block_mask(documents_mod, None, None, N, N, block_size=32)},
+    }
+
+
+def _call(q, k, v, given):
+    out = attention(q, k, v, causal=True, backend="tiled", **given)
+    torch.manual_seed(5)
+    grad_out = torch.randn(out.shape)
+    return (out, *torch.autograd.grad(out, (q, k, v), grad_out)), grad_out
+
+
+@pytest.mark.parametrize("case", list(routed_cases()))
+@pytest.mark.parametrize("hkv", [H, 1], ids=["mha", "gqa"])
+def test_routed_calls_match_the_reference_and_the_band(monkeypatch, threads, case, hkv):
+    needs_kernel()
+    given = routed_cases()[case]
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(B, h, N, D, requires_grad=True) for h in (H, hkv, hkv))
+    calls = []
+    real = tiled_backend.interval_forward
+    monkeypatch.setattr(tiled_backend, "interval_forward", lambda *a: calls.append(a) or real(*a))
+    got, grad_out = _call(q, k, v, given)
+    assert calls, "the interval kernel did not run"
+    W = {"window": 40, "held-window": 40, "documents": N, "held-documents": N}.get(case, 24)
+    i = torch.arange(N)
+    allowed = (i[None] <= i[:, None]) & (i[:, None] - i[None] < W)
+    if "window" not in case or case == "window-documents":
+        allowed &= DOCS[:, None] == DOCS[None]
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out, _ = reference_attention(qd, kd, vd, mask=allowed, scale=D**-0.5)
+    want = (out, *torch.autograd.grad(out, (qd, kd, vd), grad_out.double()))
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+    # the band paths it replaces, on the same inputs (the kernel not built)
+    monkeypatch.setattr(tile_intervals, "library", lambda extra=(): None)
+    calls.clear()
+    band, _ = _call(q, k, v, given)
+    assert not calls
+    for a, b in zip(got, band, strict=True):
+        assert_close(a, b)
+
+
+def test_documents_without_causality(monkeypatch):
+    needs_kernel()
+    ids = torch.tensor([[0] * 100 + [1] * 156, [2] * 3 + [3] * 200 + [4] * 53])  # (B, N)
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(B, h, N, D, requires_grad=True) for h in (H, 2, 2))
+    calls = []
+    real = tiled_backend.interval_forward
+    monkeypatch.setattr(tiled_backend, "interval_forward", lambda *a: calls.append(a) or real(*a))
+    out = attention(q, k, v, documents=ids, backend="tiled")
+    assert calls
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want, _ = reference_attention(qd, kd, vd, mask=(ids[:, :, None] == ids[:, None, :])[:, None])
+    grad_out = torch.randn(out.shape)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    for a, b in zip((out, *got), (want, *torch.autograd.grad(want, (qd, kd, vd), grad_out.double())),
+                    strict=True):  # fmt: skip
+        assert_close(a, b)
+
+
+def test_the_module_runs_the_kernel_on_its_projections(monkeypatch):
+    needs_kernel()
+    torch.manual_seed(4)
+    m = MultiHeadAttention(64, 4, causal=True)  # D 16
+    n = 1024  # (auto picks the tiled backend from 1024 x 1024 pairs)
+    x = torch.randn(B, n, 64, requires_grad=True)
+    calls = []
+    real = tiled_backend.interval_backward
+    monkeypatch.setattr(tiled_backend, "interval_backward", lambda *a: calls.append(a) or real(*a))
+
+    def run():
+        out = m(x, window=33, documents=(torch.arange(n) // 300)[None].expand(B, n))
+        return (out, *torch.autograd.grad(out.square().sum(), (x, *m.parameters())))
+
+    got = run()
+    assert calls
+    monkeypatch.setattr(tile_intervals, "library", lambda extra=(): None)
+    for a, b in zip(got, run(), strict=True):
+        assert_close(a, b)
+
+
+def test_no_compiler_means_no_kernel(monkeypatch):
+    monkeypatch.setenv("MULTIHEAD_NO_KERNELS", "1")
+    assert native.load("row_intervals", "int x;", ("-shared", "-fPIC")) is None
+    monkeypatch.setattr(tile_intervals, "library", lambda extra=(): None)
+    q = torch.randn(1, 2, 64, 16)
+    assert not tile_intervals.interval_runs(q, q, q)
+    out = attention(q, q, q, causal=True, window=8, backend="tiled")
+    want = attention(q, q, q, causal=True, window=8, backend="sdpa")
+    assert_close(out, want)
+
+
+def test_inputs_the_kernel_does_not_take():
+    needs_kernel()
+    q = torch.randn(1, 2, 64, 16)
+    assert tile_intervals.interval_runs(q, q, q)
+    assert not tile_intervals.interval_runs(q.double(), q.double(), q.double())  # fp64
+    r = torch.randn(1, 2, 64, 24)
+    assert not tile_intervals.interval_runs(r, r, r)  # D not a multiple of 16
+    s = torch.randn(1, 2, 16, 64).transpose(2, 3)
+    assert not tile_intervals.interval_runs(s, s, s)  # D strided
