@@ -61,7 +61,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ... import native
+from ...native import load as load_native
 from ..mask_band import BandMask, band_of_grid
 from .tile_threads import head_units, per_call, run, workers
 
@@ -74,9 +74,9 @@ PAD = 16  # columns after the last key in K^T, V^T: a 16-key step may read past 
 def library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (`native.load`). `extra` flags are
     appended (tests build the AVX2 and scalar variants)."""
-    lib = native.load("row_intervals", _SOURCE, (*_FLAGS, *extra))
+    lib = load_native("row_intervals", _SOURCE, (*_FLAGS, *extra))
     if lib is None:  # (no OpenMP: the same kernel, on one thread)
-        lib = native.load("row_intervals", _SOURCE, (*_FLAGS, *extra, "-fno-openmp"))
+        lib = load_native("row_intervals", _SOURCE, (*_FLAGS, *extra, "-fno-openmp"))
     if lib is None:
         return None
     p, i, f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import native
+from ...native import load as load_native
 
 GROUP = 32
 KERNEL_MAX_ROWS = 8  # measured crossover (docs/performance.md): above it, dequantise + GEMM
@@ -66,7 +66,7 @@ def _library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     MULTIHEAD_NO_KERNELS=1): callers then take the torch path. `extra` flags are appended
     (tests build the AVX2 and scalar variants with `-mno-avx512f`, `-mno-avx2`). Built and
     cached by `multihead.native.load`."""
-    lib = native.load("quant_kernels", _SOURCE, (*_FLAGS, *extra))
+    lib = load_native("quant_kernels", _SOURCE, (*_FLAGS, *extra))
     if lib is None:
         return None
     f, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
