@@ -13,14 +13,14 @@ Shapes: the function at q/k/v (1, 8, T, 64); the module at width 512, 8 heads, (
 `mask_mod` is the causal window given as a mask function (tiles of 128), held as a plan built
 once outside the timed rounds (`functional.block_mask`, as flex's BlockMask is; its build time
 is a column, beside create_block_mask's, and the bare function classified on every call is one
-more contender of the function rows). A plan that is exactly a causal window runs the band, as
-`window=` does; one that is exactly causal documents (`documents_mod`, the documents case as a
-mask function held the same way) runs the documents' fast path on the ids it recovers
-(`functional.mask_documents`), as `documents=` does. `general_mod`, the documents with a
-window of 64 inside them as a mask function, is neither: every pair it allows lies within 64
-keys before its query, so it runs the masked band (`functional.mask_band`,
-`backends.tile_masked_band`: the band's batched kernel calls, each block under its own mask)
-instead of the general tile plan.
+more contender of the function rows). Every case but `prefix` gives each query row one interval of
+keys, so in float32 on the CPU each runs the interval kernel (`backends.tile_intervals`: a C
+kernel that computes exactly the allowed pairs): `window=` and `documents=` directly, a held
+plan that is exactly a causal window or causal documents (`documents_mod`) as those do, and
+`general_mod` (the documents with a window of 64 inside them as a mask function: neither) from
+the rows of its causal band (`functional.mask_band`), found once per plan. Where the kernel
+does not run (other dtypes, devices, no C compiler) the band, the documents' runs and the
+masked band (`backends.tile_masked_band`) do, as before.
 
 Targets (issue 41): the function within 2x of its ideal (3x beside a busy process), the module
 within 1.2x of its projection-aware ideal.
@@ -71,7 +71,7 @@ def _documents_mod(T: int) -> Callable:
 
 def _general_mod(T: int) -> Callable:
     """The documents with a causal window of GENERAL_WINDOW inside them, as a mask function:
-    neither a window alone nor documents alone (it runs the masked band, `mask_band`)."""
+    neither a window alone nor documents alone (its rows are key intervals: the interval kernel)."""
     ids = torch.arange(DOCUMENTS).repeat_interleave(T // DOCUMENTS)  # (T,)
 
     def windowed_documents(b, h, q_idx, kv_idx):
@@ -362,8 +362,8 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         "documents_mod = the documents as a mask function, held the same way (recognised "
         "as documents: the documents fast path on the ids it recovers); general_mod = the "
         f"documents with a window of {GENERAL_WINDOW} inside them as a mask function, held the "
-        "same way (every pair it allows lies within the window: the masked band, batched "
-        "kernel calls over overlapping key bands, each block under its own mask).",
+        "same way; every case but prefix runs the interval kernel (one C call over each "
+        "row's interval of keys: exactly the allowed pairs).",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
         "projections + that share of the causal attention), per round; /ideal = the median "
         "over rounds of structured / ideal; dense-mask = SDPA under the "
