@@ -43,8 +43,9 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
             "model_layout",
             "factored_matrix",
             "moved",
+            "native",
         ),
-        "plain helpers: checks, atomic writes, tables, names, a directory's layout",
+        "plain helpers: checks, atomic writes, tables, names, a directory's layout, C builds",
     ),
     (
         "functional",
