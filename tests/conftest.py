@@ -58,3 +58,12 @@ def spacy_parser_path(tmp_path_factory):
     from helpers_spacy import train_parser
 
     return train_parser(tmp_path_factory.mktemp("spacy-parser"))
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    """torch's intra-op threads set to 1, then 2, for the test (restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

@@ -93,14 +93,6 @@ def paths(monkeypatch):
     return calls
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("form", ["native", "function", "held"])
 @pytest.mark.parametrize("hkv", [H, 1])
 def test_a_window_within_documents_runs_the_masked_band(paths, threads, form, hkv):

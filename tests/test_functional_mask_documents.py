@@ -65,14 +65,6 @@ def paths(monkeypatch):
     return calls
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize(
     "fn, ids, causal",
     [

@@ -21,14 +21,6 @@ B, H, T, D = 2, 4, 151, 32  # (151: odd, not a whole number of the kernel's 4-ro
 SCALE = 0.3
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def needs_kernel():
     if tile_intervals.library() is None:
         pytest.skip("no C compiler: the kernel is not built")

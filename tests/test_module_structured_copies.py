@@ -39,14 +39,6 @@ class _Copies(TorchDispatchMode):
         return out
 
 
-@pytest.fixture(params=[1, 2])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def _args(kind: str, B: int, T: int) -> dict:
     if kind == "window":
         return {"window": 100}
