@@ -90,6 +90,40 @@ def test_the_kernel_against_the_reference(monkeypatch, threads, W, hkv, busy):
         assert torch.equal(got[0][0, 1, 3:9], torch.zeros(6, D))
 
 
+def gradient_layouts():
+    """Gradients whose rows are not contiguous D values: a sum's (every stride 0), one
+    expanded over heads, one in a transposed layout (D rows of T)."""
+    torch.manual_seed(5)
+    return {
+        "sum": torch.ones(()).expand(B, H, T, D),
+        "over-heads": torch.randn(B, 1, T, D).expand(B, H, T, D),
+        "transposed": torch.randn(B, H, D, T).transpose(2, 3),
+    }
+
+
+@pytest.mark.parametrize("layout", list(gradient_layouts()))
+@pytest.mark.parametrize("busy", [False, True], ids=["inline", "units"])
+def test_gradients_in_any_layout_equal_the_contiguous_one(monkeypatch, layout, busy):
+    """An expanded gradient is read through its zero strides, its distinct rows made once
+    (`rows_contiguous`), not copied whole: the same gradients as its contiguous copy and the
+    reference."""
+    needs_kernel()
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6 if busy else 1)
+    grad_out = gradient_layouts()[layout]
+    rows = tile_intervals.rows_contiguous(grad_out)
+    assert rows.stride(3) == 1 and torch.equal(rows, grad_out)
+    if layout != "transposed":  # (the broadcast dims stay broadcast: no whole copy)
+        assert rows.untyped_storage().nbytes() < grad_out.contiguous().untyped_storage().nbytes()
+    q, k, v = inputs(2)
+    lo, hi = intervals(40)
+    got = run_kernel(q, k, v, lo, hi, grad_out)
+    want = run_kernel(q, k, v, lo, hi, grad_out.contiguous())
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(got[2:], reference(q, k, v, dense(lo, hi), grad_out)[1:], strict=True):
+        assert_close(a, b)
+
+
 def test_documents_with_a_window_in_the_kernel():
     needs_kernel()
     docs = torch.tensor([[0] * 40 + [1] * 70 + [2] * 41, [3] * 1 + [4] * 150])

@@ -38,15 +38,32 @@ static inline v16 sel(i16v m, v16 x) { return (v16)(m & (i16v)x); }
 #else
 #define HOLD(x) ((void)0)
 #endif
+/* across the 16 lanes, as a tree (four shuffles: a serial loop's 15 dependent adds were
+   ~60 cycles a row, a fifth of a 4-row block's work at a window of 64) */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
 static inline float hsum(v16 x) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += x[i];
-    return s;
+    const v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+typedef int32_t i8v __attribute__((vector_size(32)));
+typedef int32_t i4v __attribute__((vector_size(16)));
+static inline v8 max8(v8 a, v8 b) {
+    const i8v m = a > b;
+    return (v8)((m & (i8v)a) | (~m & (i8v)b));
+}
+static inline v4 max4(v4 a, v4 b) {
+    const i4v m = a > b;
+    return (v4)((m & (i4v)a) | (~m & (i4v)b));
 }
 static inline float hmax(v16 x) {
-    float s = x[0];
-    for (int i = 1; i < 16; i++) s = x[i] > s ? x[i] : s;
-    return s;
+    const v8 a = max8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7),
+                      __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
+    const v4 b = max4(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
+    const float c = b[0] > b[2] ? b[0] : b[2], d = b[1] > b[3] ? b[1] : b[3];
+    return c > d ? c : d;
 }
 
 /* e^x for x <= 0 (Cephes' expf polynomial; 2^n built in the exponent bits). Below -87 the
@@ -175,6 +192,7 @@ static inline __attribute__((always_inline)) void forward_head(
         }
         const long steps = (n + 15) / 16;
         products(x, kt, tp, a, steps, D, s, sw);
+        float inv[R];
         for (int r = 0; r < R; r++) {
             const int32_t l = r < rows ? lo[i0 + r] : 0, h = r < rows ? hi[i0 + r] : 0;
             float *sr = s + r * sw;
@@ -194,14 +212,12 @@ static inline __attribute__((always_inline)) void forward_head(
             }
             const float total = hsum(sum);
             if (r < rows) lse[i0 + r] = l < h ? mx + logf(total) : 0.0f;
-            /* normalised here, so P V gives the output directly */
-            const v16 inv = splat(l < h ? 1.0f / total : 0.0f);
-            for (long c = 0; c < steps; c++) st(sr + 16 * c, ld(sr + 16 * c) * inv);
+            inv[r] = l < h ? 1.0f / total : 0.0f; /* (applied to the output: P V / sum) */
         }
         v16 y[R * 16];
         weighted(s, sw, v, vs, a, a + n, DC, y);
         for (long r = 0; r < rows; r++)
-            for (int c = 0; c < DC; c++) st(out + (i0 + r) * os + 16 * c, y[r * DC + c]);
+            for (int c = 0; c < DC; c++) st(out + (i0 + r) * os + 16 * c, y[r * DC + c] * inv[r]);
     }
 }
 
@@ -295,72 +311,107 @@ void mh_iv_backward(const float *q, long qs, const float *k, long ks, const floa
     free(p);
 }
 
-/* xt (D rows of tp floats) = x^T, x (T rows of stride xs); columns T .. tp - 1 zero. In
-   16 x 16 blocks (torch's strided copy of the transposed view took ~1/3 of the kernel's own
-   time in the backward). */
-void mh_iv_transpose(const float *x, long xs, long T, long D, float *xt, long tp) {
-    for (long t0 = 0; t0 < T; t0 += 16) {
-        const long t1 = t0 + 16 < T ? t0 + 16 : T;
-        for (long d0 = 0; d0 < D; d0 += 16) {
-            const long d1 = d0 + 16 < D ? d0 + 16 : D;
-            for (long t = t0; t < t1; t++)
-                for (long d = d0; d < d1; d++) xt[d * tp + t] = x[t * xs + d];
+/* xt (D rows of tp floats) = x^T, x (T rows of stride xs); columns T .. tp - 1 zero. Whole
+   16 x 16 tiles are transposed in registers (four rounds of two-source shuffles, each
+   swapping the off-diagonal blocks of 2s x 2s blocks: s = 8, 4, 2, 1); the rows past the
+   last whole tile element by element. (A scalar copy of the transposed view cost ~90 us a
+   head at T 4096, D 64: ~6% of a window-64 forward.) */
+/* the shuffles' lanes: row i's new lanes (LO) and row i + s's (HI), of (row i, row i + s) */
+#define LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+#define SWAP_BLOCKS(s, LO, HI)                                                                 \
+    for (int i = 0; i < 16; i++)                                                               \
+        if (!(i & (s))) {                                                                      \
+            const v16 a = m[i], b = m[i + (s)];                                                \
+            m[i] = __builtin_shufflevector(a, b, LO);                                          \
+            m[i + (s)] = __builtin_shufflevector(a, b, HI);                                    \
         }
-    }
+void mh_iv_transpose(const float *x, long xs, long T, long D, float *xt, long tp) {
+    long t0 = 0;
+    for (; t0 + 16 <= T; t0 += 16)
+        for (long d0 = 0; d0 < D; d0 += 16) {
+            v16 m[16];
+            for (int i = 0; i < 16; i++) m[i] = ld(x + (t0 + i) * xs + d0);
+            SWAP_BLOCKS(8, LO8, HI8)
+            SWAP_BLOCKS(4, LO4, HI4)
+            SWAP_BLOCKS(2, LO2, HI2)
+            SWAP_BLOCKS(1, LO1, HI1)
+            for (int i = 0; i < 16; i++) st(xt + (d0 + i) * tp + t0, m[i]);
+        }
+    for (long t = t0; t < T; t++)
+        for (long d = 0; d < D; d++) xt[d * tp + t] = x[t * xs + d];
     for (long d = 0; d < D; d++) memset(xt + d * tp + T, 0, (tp - T) * sizeof(float));
 }
 
 /* The whole call's units on `threads` OpenMP threads (torch's own pool: the library links
-   the libgomp torch loaded), dynamically scheduled: K^T and V^T of every (batch row, kv head)
-   into kt, vt (B Hkv blocks of D x tp), then the forward per query head or the backward per
-   kv head (its query heads in turn: dk, dv need no atomics). Strides st: q, k, v, out, lse,
-   lo, hi, grad_out, dq, dk, dv, each (batch, head, row), in floats or int32s. */
+   the libgomp torch loaded), dynamically scheduled: the forward per query head, the backward
+   per kv head (its query heads in turn: dk, dv need no atomics). Each thread transposes the
+   K (and V) of its unit's kv head into a buffer of its own (D x tp, made once a call and
+   kept while its units share a kv head), so a call holds K^T for as many kv heads as it
+   has threads, not all of them: a whole call's K^T and V^T were fresh pages on every call
+   (at T 4096, 8 heads: 17 MB in the backward, ~4 ms of page faults of a 30 ms call).
+   Strides st: q, k, v, out, lse, lo, hi, grad_out, dq, dk, dv, each (batch, head, row), in
+   floats or int32s. */
 enum { SQ, SK, SV, SO, SL, SLO, SHI, SG, SDQ, SDK, SDV };
 #define AT(p, s, b, h) ((p) + (b) * st[3 * (s)] + (h) * st[3 * (s) + 1])
 #define ROW(s) st[3 * (s) + 2]
 
-static void transpose_all(const float *x, const long *st, int s, long B, long Hkv, long T,
-                          long D, float *xt, long tp, int threads) {
-    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-    for (long u = 0; u < B * Hkv; u++)
-        mh_iv_transpose(AT(x, s, u / Hkv, u % Hkv), ROW(s), T, D, xt + u * D * tp, tp);
-}
-
 void mh_iv_forward_all(const float *q, const float *k, const float *v, float *out, float *lse,
-                       const int32_t *lo, const int32_t *hi, const long *st, float *kt, long B,
-                       long H, long Hkv, long T, long D, float scale, int threads) {
+                       const int32_t *lo, const int32_t *hi, const long *st, long B, long H,
+                       long Hkv, long T, long D, float scale, int threads) {
     const long tp = T + 16, G = H / Hkv;
-    transpose_all(k, st, SK, B, Hkv, T, D, kt, tp, threads);
-    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-    for (long u = 0; u < B * H; u++) {
-        const long b = u / H, h = u % H;
-        mh_iv_forward(AT(q, SQ, b, h), ROW(SQ), kt + (b * Hkv + h / G) * D * tp, tp,
-                      AT(v, SV, b, h / G), ROW(SV), AT(out, SO, b, h), ROW(SO),
-                      AT(lse, SL, b, h), AT(lo, SLO, b, h), AT(hi, SHI, b, h), T, D, scale);
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *kt = malloc(sizeof(float) * D * tp);
+        long held = -1; /* the (batch row, kv head) whose K^T kt holds */
+        #pragma omp for schedule(dynamic, 1)
+        for (long u = 0; u < B * H; u++) {
+            const long b = u / H, h = u % H, g = h / G;
+            if (!kt) continue;
+            if (held != b * Hkv + g) {
+                mh_iv_transpose(AT(k, SK, b, g), ROW(SK), T, D, kt, tp);
+                held = b * Hkv + g;
+            }
+            mh_iv_forward(AT(q, SQ, b, h), ROW(SQ), kt, tp, AT(v, SV, b, g), ROW(SV),
+                          AT(out, SO, b, h), ROW(SO), AT(lse, SL, b, h), AT(lo, SLO, b, h),
+                          AT(hi, SHI, b, h), T, D, scale);
+        }
+        free(kt);
     }
 }
 
 void mh_iv_backward_all(const float *q, const float *k, const float *v, const float *go,
                         const float *out, const float *lse, const int32_t *lo,
                         const int32_t *hi, float *dq, float *dk, float *dv, const long *st,
-                        float *kt, float *vt, long B, long H, long Hkv, long T, long D,
-                        float scale, int threads) {
+                        long B, long H, long Hkv, long T, long D, float scale, int threads) {
     const long tp = T + 16, G = H / Hkv;
-    transpose_all(k, st, SK, B, Hkv, T, D, kt, tp, threads);
-    transpose_all(v, st, SV, B, Hkv, T, D, vt, tp, threads);
-    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-    for (long u = 0; u < B * Hkv; u++) {
-        const long b = u / Hkv, g = u % Hkv;
-        float *gk = AT(dk, SDK, b, g), *gv = AT(dv, SDV, b, g);
-        for (long t = 0; t < T; t++) {
-            memset(gk + t * ROW(SDK), 0, D * sizeof(float));
-            memset(gv + t * ROW(SDV), 0, D * sizeof(float));
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *kt = malloc(sizeof(float) * 2 * D * tp), *vt = kt ? kt + D * tp : NULL;
+        #pragma omp for schedule(dynamic, 1)
+        for (long u = 0; u < B * Hkv; u++) {
+            const long b = u / Hkv, g = u % Hkv;
+            if (!kt) continue;
+            float *gk = AT(dk, SDK, b, g), *gv = AT(dv, SDV, b, g);
+            for (long t = 0; t < T; t++) {
+                memset(gk + t * ROW(SDK), 0, D * sizeof(float));
+                memset(gv + t * ROW(SDV), 0, D * sizeof(float));
+            }
+            mh_iv_transpose(AT(k, SK, b, g), ROW(SK), T, D, kt, tp);
+            mh_iv_transpose(AT(v, SV, b, g), ROW(SV), T, D, vt, tp);
+            for (long h = g * G; h < g * G + G; h++)
+                mh_iv_backward(AT(q, SQ, b, h), ROW(SQ), AT(k, SK, b, g), ROW(SK), kt,
+                               AT(v, SV, b, g), ROW(SV), vt, tp, AT(go, SG, b, h), ROW(SG),
+                               AT(out, SO, b, h), ROW(SO), AT(lse, SL, b, h), AT(lo, SLO, b, h),
+                               AT(hi, SHI, b, h), AT(dq, SDQ, b, h), ROW(SDQ), gk, ROW(SDK), gv,
+                               ROW(SDV), T, D, scale);
         }
-        for (long h = g * G; h < g * G + G; h++)
-            mh_iv_backward(AT(q, SQ, b, h), ROW(SQ), AT(k, SK, b, g), ROW(SK),
-                           kt + u * D * tp, AT(v, SV, b, g), ROW(SV), vt + u * D * tp, tp,
-                           AT(go, SG, b, h), ROW(SG), AT(out, SO, b, h), ROW(SO),
-                           AT(lse, SL, b, h), AT(lo, SLO, b, h), AT(hi, SHI, b, h),
-                           AT(dq, SDQ, b, h), ROW(SDQ), gk, ROW(SDK), gv, ROW(SDV), T, D, scale);
+        free(kt);
     }
 }

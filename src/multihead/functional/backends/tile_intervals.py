@@ -37,6 +37,12 @@ In one process, interleaved, the kernel called directly against the path it repl
 2.0-2.2x; 256 1.2x vs 1.45-1.6x; 512 1.1x vs 1.26-1.36x; 1024 1.05-1.08x vs 1.18-1.2x;
 documents (8 of 512) 0.8-0.9x vs 1.5x: every width runs here. Its forward alone at
 general_mod: 0.4-0.65x the masked band's time.
+Then (the next stop), at the same general_mod call, one thread, the kernel alone: forward
+12.0 -> 9.4 ms, backward 24.5 -> 19.8 ms, from 16 x 16 transposes in registers (a scalar
+transposed copy was ~90 us a head), sums and maxima across lanes as trees, the forward's
+normalisation applied to its output, and K^T, V^T in a buffer per thread (one kv head at a
+time) instead of the whole call's fresh 8-17 MB; the whole call, one thread: 44 -> 39 ms,
+with a sum's expanded gradient read through its strides (`rows_contiguous`), not copied.
 Tried and dropped: blocks of 8 query rows (the P V accumulators spill: ~7% slower), the
 key-gradient sums as a tree (no change measured).
 
@@ -67,7 +73,6 @@ from .tile_threads import head_units, per_call, run, workers
 
 _SOURCE = (resources.files(__package__) / "row_intervals.c").read_text("utf-8")
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-PAD = 16  # columns after the last key in K^T, V^T: a 16-key step may read past it
 
 
 @functools.cache
@@ -80,9 +85,9 @@ def library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     if lib is None:
         return None
     p, i, f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-    lib.mh_iv_forward_all.argtypes = [p, p, p, p, p, p, p, p, p, i, i, i, i, i, f, ctypes.c_int]
+    lib.mh_iv_forward_all.argtypes = [p, p, p, p, p, p, p, p, i, i, i, i, i, f, ctypes.c_int]
     lib.mh_iv_backward_all.argtypes = [
-        p, p, p, p, p, p, p, p, p, p, p, p, p, p, i, i, i, i, i, f, ctypes.c_int,
+        p, p, p, p, p, p, p, p, p, p, p, p, i, i, i, i, i, f, ctypes.c_int,
     ]  # fmt: skip
     lib.mh_iv_forward_all.restype = lib.mh_iv_backward_all.restype = None
     return lib
@@ -180,34 +185,40 @@ def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor,
     def call(kv: list[Tensor], qh: list[Tensor], threads: int) -> None:
         (k, v), (q, out, lse, lo, hi) = kv, qh
         B, H, T, D = q.shape
-        Hkv = k.shape[1]
-        kt = q.new_empty(B, Hkv, D, T + PAD)
         st = _strides(q, k, v, out, lse, lo, hi)
         lib.mh_iv_forward_all(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-            lo.data_ptr(), hi.data_ptr(), st, kt.data_ptr(), B, H, Hkv, T, D, scale, threads,
+            lo.data_ptr(), hi.data_ptr(), st, B, H, k.shape[1], T, D, scale, threads,
         )  # fmt: skip
 
     _run(call, _pairs(lo, hi), q, k, [k, v], [q, out, lse, lo, hi], v, out)
+
+
+def rows_contiguous(t: Tensor) -> Tensor:
+    """t (B, H, T, D) with each row's D values contiguous, as the kernel reads them. An expanded
+    gradient (a sum's: every stride 0) is made once per distinct row and expanded again (the
+    kernel follows its zero strides), not copied whole: at (1, 8, 4096, 64) a whole copy was
+    8 MB of fresh pages, ~2000 page faults, on every backward."""
+    if t.stride(3) == 1:
+        return t
+    distinct = tuple(slice(0, 1) if t.stride(d) == 0 else slice(None) for d in range(3))
+    return t[distinct].contiguous().expand(t.shape)
 
 
 def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv):
     """Write all of dq (B, H, T, D), dk, dv (B, Hkv, T, D) (rows of D contiguous, float32)."""
     lib = library()
     assert lib is not None
-    if grad_out.stride(3) != 1:  # (an expanded gradient: a sum's)
-        grad_out = grad_out.contiguous()
+    grad_out = rows_contiguous(grad_out)
 
     def call(kvs: list[Tensor], qh: list[Tensor], threads: int) -> None:
         (k, v, dk, dv), (q, grad_out, out, lse, lo, hi, dq) = kvs, qh
         B, H, T, D = q.shape
-        Hkv = k.shape[1]
-        kt, vt = q.new_empty(B, Hkv, D, T + PAD), q.new_empty(B, Hkv, D, T + PAD)
         st = _strides(q, k, v, out, lse, lo, hi, grad_out, dq, dk, dv)
         lib.mh_iv_backward_all(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), grad_out.data_ptr(), out.data_ptr(),
             lse.data_ptr(), lo.data_ptr(), hi.data_ptr(), dq.data_ptr(), dk.data_ptr(),
-            dv.data_ptr(), st, kt.data_ptr(), vt.data_ptr(), B, H, Hkv, T, D, scale, threads,
+            dv.data_ptr(), st, B, H, k.shape[1], T, D, scale, threads,
         )  # fmt: skip
 
     qh = [q, grad_out, out, lse, lo, hi, dq]
