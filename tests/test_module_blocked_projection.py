@@ -159,10 +159,20 @@ def test_a_parametrized_in_proj_runs_through_its_own_forward():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_equal_blocks_run_as_one_batched_product_even_on_a_strided_weight(bias, monkeypatch):
+@pytest.mark.parametrize(
+    "threads, running, batched",
+    [(1, 1, True), (2, 10**6, True), (2, 1, False), (3, 1, True)],
+    ids=["1-thread", "2-threads-busy", "2-threads-free", "3-threads-3-blocks"],
+)
+def test_equal_blocks_run_batched_unless_free_cores_share_them_unevenly(
+    bias, threads, running, batched, monkeypatch
+):
     """Equal widths (q, k, v without grouped heads) run the forward and the weight gradient
-    as one batched product each (one parallel region instead of one per block), on a weight
-    that is not contiguous too: equal to F.linear and its gradients (fp64)."""
+    as one batched product each (one parallel region instead of one per block), except where
+    the cores are free and the threads cannot share the blocks evenly (3 blocks on 2
+    threads: a product per block); either way equal to F.linear and its gradients (fp64), on
+    a weight that is not contiguous too."""
+    from multihead.functional.backends import tile_threads
     from multihead.modules import blocked_projection as bp
 
     calls = []
@@ -171,20 +181,27 @@ def test_equal_blocks_run_as_one_batched_product_even_on_a_strided_weight(bias, 
         monkeypatch.setattr(
             torch, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k)
         )
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: running)
+    monkeypatch.setattr(tile_threads, "_cores", lambda: 2)
     gen = torch.Generator().manual_seed(3)
     widths = (8, 8, 8)
     x = torch.randn(3, 7, 16, dtype=torch.float64, generator=gen, requires_grad=True)
     W = torch.randn(16, 24, dtype=torch.float64, generator=gen).t().requires_grad_()  # strided
     b = torch.randn(24, dtype=torch.float64, generator=gen, requires_grad=True) if bias else None
     inputs = [t for t in (x, W, b) if t is not None]
-    got = blocked_projection(x, W, b, widths)
-    want = F.linear(x, W, b).split(widths, dim=-1)
-    gs = [torch.randn(p.shape, dtype=torch.float64, generator=gen) for p in want]
-    for a, c in zip(got, want, strict=True):
-        assert_close(a, c, torch.float64)
-    for a, c in zip(
-        torch.autograd.grad(got, inputs, gs), torch.autograd.grad(want, inputs, gs), strict=True
-    ):
-        assert_close(a, c, torch.float64)
-    assert calls == ["baddbmm" if bias else "bmm", "bmm"]  # forward, then the weight gradient
-    assert bp._equal((8, 8, 8)) and not bp._equal((32, 8, 8)) and not bp._equal((8,))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = blocked_projection(x, W, b, widths)
+        want = F.linear(x, W, b).split(widths, dim=-1)
+        gs = [torch.randn(p.shape, dtype=torch.float64, generator=gen) for p in want]
+        for a, c in zip(got, want, strict=True):
+            assert_close(a, c, torch.float64)
+        grads = torch.autograd.grad(got, inputs, gs)
+        for a, c in zip(grads, torch.autograd.grad(want, inputs, gs), strict=True):
+            assert_close(a, c, torch.float64)
+    finally:
+        torch.set_num_threads(before)
+    # forward, then the weight gradient; none where each block is its own product
+    assert calls == (["baddbmm" if bias else "bmm", "bmm"] if batched else [])
+    assert not bp._batched((32, 8, 8)) and not bp._batched((8,))

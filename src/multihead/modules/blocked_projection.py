@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..functional.backends.tile_threads import cores_free
 from ..functional.backends.tiled import MIN_PAIRS
 from ..functional.first_order import first_order
 from .projections import _plain
@@ -61,7 +62,7 @@ class _Blocked(torch.autograd.Function):
     def forward(ctx, x, weight, bias, widths):
         N = x.shape[0]
         out = x.new_empty(N * sum(widths))
-        if _equal(widths):  # one batched product: one parallel region, not one per block
+        if _batched(widths):  # one batched product: one parallel region, not one per block
             n, w = len(widths), widths[0]
             w3 = weight.unflatten(0, (n, w)).transpose(1, 2)  # (n, C, w)
             x3 = x.expand(n, *x.shape)  # (n, N, C), a view
@@ -92,7 +93,7 @@ class _Blocked(torch.autograd.Function):
         N = x.shape[0]
         grad = grad.contiguous()
         gx = gw = gb = None
-        batched = _equal(widths)
+        batched = _batched(widths)
         if want_w:
             gw = weight.new_empty(weight.shape)  # (contiguous: the batched product's out)
         if gw is not None and batched:  # one product for all blocks: one region, not three
@@ -117,12 +118,22 @@ class _Blocked(torch.autograd.Function):
         return gx, gw, gb, None
 
 
-def _equal(widths) -> bool:
-    """Whether every block has the same width (q, k, v without grouped-query heads): the
-    blocks then run as one batched product. Measured, 2 threads, loaded machine: the weight
-    gradient's three products as one bmm 0.84x-0.85x the time at T 1024 and 4096 (1 thread:
-    unchanged)."""
-    return len(widths) > 1 and all(w == widths[0] for w in widths)
+def _batched(widths) -> bool:
+    """Whether the blocks run as one batched product (bmm), one parallel region, rather than
+    one product per block (each a region of all threads): where every block has the same
+    width (q, k, v without grouped-query heads), and unless the cores are free and the blocks
+    cannot be shared out evenly among the threads. The batched product deals whole blocks to
+    the threads: three blocks on two threads leave one idle for a third of it. Measured at
+    width 512, (T, 512) inputs, in one process, medians of 15: 2 threads, idle: batched
+    1.31-1.34x the per-block products' time (T 1024: 10.8 vs 8.1 ms forward, 11.1 vs 8.4 ms
+    weight gradient; T 4096: 45.4 vs 34.5, 44.1 vs 34.4), which equal one plain (T, 1536)
+    product; beside a busy process the per-block products wait on three regions: 1.1-1.8x
+    the batched product's time (T 1024: 47.6 vs 31.5, 47.2 vs 26.6; T 4096: 97.8 vs 88.0,
+    100.0 vs 80.0); 1 thread: the same."""
+    if len(widths) <= 1 or any(w != widths[0] for w in widths):
+        return False
+    threads = torch.get_num_threads()
+    return threads <= 1 or len(widths) % threads == 0 or not cores_free(threads)
 
 
 def _split(flat: Tensor, N: int, widths) -> list[Tensor]:

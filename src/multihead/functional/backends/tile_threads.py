@@ -160,14 +160,19 @@ def per_call(n: int, pairs: int) -> int:
     T 1024 and two threads: workers 1.35x-1.39x of its ideal, inline 1.20x-1.23x; but inline
     beside a busy process 1.95x-3.06x (each region waits for a descheduled thread), where the
     workers read 1.17x-1.30x. Where the count cannot be read (not Linux), the workers."""
-    chosen = n
-    if n > 1 and pairs < SMALL_PAIRS:
-        running = _runnable()
-        chosen = 1 if running is not None and running <= min(n, _cores()) else n
+    chosen = 1 if n > 1 and pairs < SMALL_PAIRS and cores_free(n) else n
     seen = _choices.get()
     if seen is not None:
         seen.append(chosen)
     return chosen
+
+
+def cores_free(n: int) -> bool:
+    """Whether the machine runs no more runnable threads now than n and its cores (this one
+    included; a probe of /proc/loadavg's count, ~20 us): no other busy process. False where
+    the count cannot be read (not Linux)."""
+    running = _runnable()
+    return running is not None and running <= min(n, _cores())
 
 
 @contextlib.contextmanager
