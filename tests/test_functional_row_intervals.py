@@ -90,6 +90,42 @@ def test_the_kernel_against_the_reference(monkeypatch, threads, W, hkv, busy):
         assert torch.equal(got[0][0, 1, 3:9], torch.zeros(6, D))
 
 
+@pytest.mark.parametrize("case", ["window-40", "window-300", "documents", "empty-rows"])
+@pytest.mark.parametrize("busy", [False, True], ids=["inline", "units"])
+def test_rows_past_one_chunk_against_the_reference(monkeypatch, case, busy):
+    """T 603: three chunks of rows (the kernel transposes the keys each chunk of 256 rows sees,
+    `CHUNK` in row_intervals.c) and an odd tail; windows within a chunk and reaching two back,
+    bidirectional documents whose rows see keys after them and across a chunk's edge, and
+    rows with no key at a chunk's edge; grouped-query heads."""
+    needs_kernel()
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6 if busy else 1)
+    n = 603
+    i = torch.arange(n)
+    if case.startswith("window"):
+        lo, hi = (i - int(case.split("-")[1]) + 1).clamp(min=0), i + 1
+    else:  # documents 0..199, 200..479, 480..602, each row sees its whole document
+        starts = torch.tensor([0, 200, 480])
+        doc = torch.bucketize(i, starts, right=True) - 1
+        lo, hi = starts[doc], torch.tensor([200, 480, n])[doc]
+    lo, hi = lo.expand(2, 4, n).clone(), hi.expand(2, 4, n).clone()
+    if case == "empty-rows":
+        lo[1, 2, 250:262] = n  # rows 250..261 of (1, 2): no key, across the first chunk's end
+    lo, hi = lo.int().contiguous(), hi.int().contiguous()
+    torch.manual_seed(7)
+    q, k, v = torch.randn(2, 4, n, 32), torch.randn(2, 2, n, 32), torch.randn(2, 2, n, 32)
+    grad_out = torch.randn(2, 4, n, 32)
+    out, lse = torch.empty(2, 4, n, 32), torch.empty(2, 4, n)
+    tile_intervals.interval_forward(q, k, v, lo, hi, SCALE, out, lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    tile_intervals.interval_backward(q, k, v, grad_out, out, lse, lo, hi, SCALE, dq, dk, dv)
+    j = torch.arange(n)
+    allowed = (j >= lo[..., None].long()) & (j < hi[..., None].long())
+    for a, b in zip((out, dq, dk, dv), reference(q, k, v, allowed, grad_out), strict=True):
+        assert_close(a, b)
+    if case == "empty-rows":
+        assert out[1, 2, 250:262].eq(0).all() and dq[1, 2, 250:262].eq(0).all()
+
+
 def gradient_layouts():
     """Gradients whose rows are not contiguous D values: a sum's (every stride 0), one
     expanded over heads, one in a transposed layout (D rows of T)."""

@@ -5,14 +5,15 @@
    AVX-512 register, two AVX2 registers, or scalar code, so one source serves every machine.
 
    A block of R query rows at a time computes the keys of the union of its intervals
-   (a .. e - 1), 16 keys a step: scores from K transposed (kt: D rows of `tp` floats, padded
-   by at least 16 so a step may read past the last key), each q[r][d] broadcast against 16
+   (a .. e - 1), 16 keys a step: scores from K transposed (kt: D rows of `tp` floats, the
+   keys of the block's chunk of CHUNK rows, padded by 16 zeros so a step may read past the
+   last key), each q[r][d] broadcast against 16
    keys of row d; keys outside a row's own interval are dropped by a lane mask after the
    exponential (exactly 0). The R rows share every load of K and V.
 
    Shapes (strides in floats; a row's D values contiguous): q, out, grad_out, dq (T, D) per
-   query head, k, v, dk, dv (T, D) per kv head, kt, vt (D, tp); lse, lo, hi (T) per query
-   head. */
+   query head, k, v, dk, dv (T, D) per kv head, kt, vt (D, tp: a chunk's keys); lse, lo, hi (T)
+   per query head. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -172,134 +173,166 @@ static long block_keys(const int32_t *lo, const int32_t *hi, long i0, long rows,
     return first < 0 ? 0 : end - first;
 }
 
+/* Query rows a chunk: K (and V) are transposed a chunk at a time, only the keys its rows see,
+   into a buffer of the widest chunk's keys (not T: at a window of 64 within documents,
+   T 4096, D 64, ~84 KB against 1 MB a head, pages a fresh call need not fault in; a key
+   seen by two chunks is transposed twice, a few us). A multiple of R. */
+#define CHUNK 256
+
+void mh_iv_transpose(const float *x, long xs, long T, long D, float *xt, long tp);
+
+/* the most keys one chunk of rows sees */
+static long widest(const int32_t *lo, const int32_t *hi, long T) {
+    long most = 0, a;
+    for (long c0 = 0; c0 < T; c0 += CHUNK) {
+        const long n = block_keys(lo, hi, c0, T - c0 < CHUNK ? T - c0 : CHUNK, &a);
+        most = n > most ? n : most;
+    }
+    return most;
+}
+
 static inline __attribute__((always_inline)) void forward_head(
-    const float *q, long qs, const float *kt, long tp, const float *v, long vs, float *out,
-    long os, float *lse, const int32_t *lo, const int32_t *hi, long T, long D, float scale,
-    int DC, float *s, long sw) {
+    const float *q, long qs, const float *k, long ks, float *kt, long tp, const float *v,
+    long vs, float *out, long os, float *lse, const int32_t *lo, const int32_t *hi, long T,
+    long D, float scale, int DC, float *s, long sw) {
     static const float zero[256];
-    for (long i0 = 0; i0 < T; i0 += R) {
-        const long rows = T - i0 < R ? T - i0 : R;
-        long a;
-        const long n = block_keys(lo, hi, i0, rows, &a);
-        const float *x[R];
-        for (int r = 0; r < R; r++) x[r] = r < rows ? q + (i0 + r) * qs : zero;
-        if (n == 0) {
-            for (long r = 0; r < rows; r++) {
-                memset(out + (i0 + r) * os, 0, D * sizeof(float));
-                lse[i0 + r] = 0.0f;
+    for (long c0 = 0; c0 < T; c0 += CHUNK) {
+        const long c1 = c0 + CHUNK < T ? c0 + CHUNK : T;
+        long ka; /* the chunk's keys ka .. ka + kn - 1, transposed into kt's columns 0 .. kn - 1 */
+        const long kn = block_keys(lo, hi, c0, c1 - c0, &ka);
+        if (kn > 0) mh_iv_transpose(k + ka * ks, ks, kn, D, kt, tp);
+        for (long i0 = c0; i0 < c1; i0 += R) {
+            const long rows = c1 - i0 < R ? c1 - i0 : R;
+            long a;
+            const long n = block_keys(lo, hi, i0, rows, &a);
+            const float *x[R];
+            for (int r = 0; r < R; r++) x[r] = r < rows ? q + (i0 + r) * qs : zero;
+            if (n == 0) {
+                for (long r = 0; r < rows; r++) {
+                    memset(out + (i0 + r) * os, 0, D * sizeof(float));
+                    lse[i0 + r] = 0.0f;
+                }
+                continue;
             }
-            continue;
+            const long steps = (n + 15) / 16;
+            products(x, kt, tp, a - ka, steps, D, s, sw);
+            float inv[R];
+            for (int r = 0; r < R; r++) {
+                const int32_t l = r < rows ? lo[i0 + r] : 0, h = r < rows ? hi[i0 + r] : 0;
+                float *sr = s + r * sw;
+                v16 top = splat(-INFINITY);
+                for (long c = 0; c < steps; c++) {
+                    const i16v m = inside(a + 16 * c, l, h);
+                    const v16 x16 = ld(sr + 16 * c) * scale;
+                    top = (v16)((m & (i16v)x16) | (~m & (i16v)top));
+                }
+                const float mx = hmax(top);
+                v16 sum = (v16){0};
+                for (long c = 0; c < steps; c++) {
+                    const i16v m = inside(a + 16 * c, l, h);
+                    const v16 p = sel(m, vexp(ld(sr + 16 * c) * scale - mx));
+                    st(sr + 16 * c, p);
+                    sum += p;
+                }
+                const float total = hsum(sum);
+                if (r < rows) lse[i0 + r] = l < h ? mx + logf(total) : 0.0f;
+                inv[r] = l < h ? 1.0f / total : 0.0f; /* (applied to the output: P V / sum) */
+            }
+            v16 y[R * 16];
+            weighted(s, sw, v, vs, a, a + n, DC, y);
+            for (long r = 0; r < rows; r++)
+                for (int c = 0; c < DC; c++) st(out + (i0 + r) * os + 16 * c, y[r * DC + c] * inv[r]);
         }
-        const long steps = (n + 15) / 16;
-        products(x, kt, tp, a, steps, D, s, sw);
-        float inv[R];
-        for (int r = 0; r < R; r++) {
-            const int32_t l = r < rows ? lo[i0 + r] : 0, h = r < rows ? hi[i0 + r] : 0;
-            float *sr = s + r * sw;
-            v16 top = splat(-INFINITY);
-            for (long c = 0; c < steps; c++) {
-                const i16v m = inside(a + 16 * c, l, h);
-                const v16 x16 = ld(sr + 16 * c) * scale;
-                top = (v16)((m & (i16v)x16) | (~m & (i16v)top));
-            }
-            const float mx = hmax(top);
-            v16 sum = (v16){0};
-            for (long c = 0; c < steps; c++) {
-                const i16v m = inside(a + 16 * c, l, h);
-                const v16 p = sel(m, vexp(ld(sr + 16 * c) * scale - mx));
-                st(sr + 16 * c, p);
-                sum += p;
-            }
-            const float total = hsum(sum);
-            if (r < rows) lse[i0 + r] = l < h ? mx + logf(total) : 0.0f;
-            inv[r] = l < h ? 1.0f / total : 0.0f; /* (applied to the output: P V / sum) */
-        }
-        v16 y[R * 16];
-        weighted(s, sw, v, vs, a, a + n, DC, y);
-        for (long r = 0; r < rows; r++)
-            for (int c = 0; c < DC; c++) st(out + (i0 + r) * os + 16 * c, y[r * DC + c] * inv[r]);
     }
 }
 
 /* Forward of one query head. */
-void mh_iv_forward(const float *q, long qs, const float *kt, long tp, const float *v, long vs,
+void mh_iv_forward(const float *q, long qs, const float *k, long ks, const float *v, long vs,
                    float *out, long os, float *lse, const int32_t *lo, const int32_t *hi, long T,
                    long D, float scale) {
-    const long sw = tp + 32;
-    float *s = malloc(sizeof(float) * R * sw);
-    if (!s) return;
+    const long tp = widest(lo, hi, T) + 16, sw = tp + 32;
+    float *kt = malloc(sizeof(float) * (D * tp + R * sw));
+    if (!kt) return;
+    float *s = kt + D * tp;
+#define MH_FORWARD(DC) \
+    forward_head(q, qs, k, ks, kt, tp, v, vs, out, os, lse, lo, hi, T, D, scale, DC, s, sw)
     switch (D / 16) { /* (constant chunk counts: the accumulators stay in registers) */
-    case 4: forward_head(q, qs, kt, tp, v, vs, out, os, lse, lo, hi, T, D, scale, 4, s, sw); break;
-    case 8: forward_head(q, qs, kt, tp, v, vs, out, os, lse, lo, hi, T, D, scale, 8, s, sw); break;
-    default:
-        forward_head(q, qs, kt, tp, v, vs, out, os, lse, lo, hi, T, D, scale, (int)(D / 16), s,
-                     sw);
+    case 4: MH_FORWARD(4); break;
+    case 8: MH_FORWARD(8); break;
+    default: MH_FORWARD((int)(D / 16));
     }
-    free(s);
+    free(kt);
 }
 
 static inline __attribute__((always_inline)) void backward_head(
-    const float *q, long qs, const float *k, long ks, const float *kt, const float *v, long vs,
-    const float *vt, long tp, const float *go, long gs, const float *o, long os,
-    const float *lse, const int32_t *lo, const int32_t *hi, float *dq, long dqs, float *dk,
-    long dks, float *dv, long dvs, long T, long D, float scale, int DC, float *p, float *ds,
-    long sw) {
+    const float *q, long qs, const float *k, long ks, float *kt, const float *v, long vs,
+    float *vt, long tp, const float *go, long gs, const float *o, long os, const float *lse,
+    const int32_t *lo, const int32_t *hi, float *dq, long dqs, float *dk, long dks, float *dv,
+    long dvs, long T, long D, float scale, int DC, float *p, float *ds, long sw) {
     static const float zero[256];
-    for (long i0 = 0; i0 < T; i0 += R) {
-        const long rows = T - i0 < R ? T - i0 : R;
-        long a;
-        const long n = block_keys(lo, hi, i0, rows, &a);
-        if (n == 0) {
-            for (long r = 0; r < rows; r++) memset(dq + (i0 + r) * dqs, 0, D * sizeof(float));
-            continue;
+    for (long c0 = 0; c0 < T; c0 += CHUNK) {
+        const long c1 = c0 + CHUNK < T ? c0 + CHUNK : T;
+        long ka; /* (as the forward's) */
+        const long kn = block_keys(lo, hi, c0, c1 - c0, &ka);
+        if (kn > 0) {
+            mh_iv_transpose(k + ka * ks, ks, kn, D, kt, tp);
+            mh_iv_transpose(v + ka * vs, vs, kn, D, vt, tp);
         }
-        const float *x[R], *g[R];
-        float delta[R];
-        for (int r = 0; r < R; r++) {
-            x[r] = r < rows ? q + (i0 + r) * qs : zero;
-            g[r] = r < rows ? go + (i0 + r) * gs : zero;
-            delta[r] = 0.0f;
-            if (r < rows) {
-                v16 acc = (v16){0};
-                const float *orow = o + (i0 + r) * os;
-                for (int c = 0; c < DC; c++) acc += ld(g[r] + 16 * c) * ld(orow + 16 * c);
-                delta[r] = hsum(acc);
+        for (long i0 = c0; i0 < c1; i0 += R) {
+            const long rows = c1 - i0 < R ? c1 - i0 : R;
+            long a;
+            const long n = block_keys(lo, hi, i0, rows, &a);
+            if (n == 0) {
+                for (long r = 0; r < rows; r++) memset(dq + (i0 + r) * dqs, 0, D * sizeof(float));
+                continue;
             }
-        }
-        const long steps = (n + 15) / 16;
-        products(x, kt, tp, a, steps, D, p, sw);
-        products(g, vt, tp, a, steps, D, ds, sw);
-        for (int r = 0; r < R; r++) {
-            const int32_t l = r < rows ? lo[i0 + r] : 0, h = r < rows ? hi[i0 + r] : 0;
-            const float m = r < rows ? lse[i0 + r] : 0.0f;
-            float *pr = p + r * sw, *dr = ds + r * sw;
-            for (long c = 0; c < steps; c++) {
-                const i16v in = inside(a + 16 * c, l, h);
-                const v16 pv = sel(in, vexp(ld(pr + 16 * c) * scale - m));
-                st(pr + 16 * c, pv);
-                st(dr + 16 * c, pv * (ld(dr + 16 * c) - delta[r]) * scale);
+            const float *x[R], *g[R];
+            float delta[R];
+            for (int r = 0; r < R; r++) {
+                x[r] = r < rows ? q + (i0 + r) * qs : zero;
+                g[r] = r < rows ? go + (i0 + r) * gs : zero;
+                delta[r] = 0.0f;
+                if (r < rows) {
+                    v16 acc = (v16){0};
+                    const float *orow = o + (i0 + r) * os;
+                    for (int c = 0; c < DC; c++) acc += ld(g[r] + 16 * c) * ld(orow + 16 * c);
+                    delta[r] = hsum(acc);
+                }
             }
+            const long steps = (n + 15) / 16;
+            products(x, kt, tp, a - ka, steps, D, p, sw);
+            products(g, vt, tp, a - ka, steps, D, ds, sw);
+            for (int r = 0; r < R; r++) {
+                const int32_t l = r < rows ? lo[i0 + r] : 0, h = r < rows ? hi[i0 + r] : 0;
+                const float m = r < rows ? lse[i0 + r] : 0.0f;
+                float *pr = p + r * sw, *dr = ds + r * sw;
+                for (long c = 0; c < steps; c++) {
+                    const i16v in = inside(a + 16 * c, l, h);
+                    const v16 pv = sel(in, vexp(ld(pr + 16 * c) * scale - m));
+                    st(pr + 16 * c, pv);
+                    st(dr + 16 * c, pv * (ld(dr + 16 * c) - delta[r]) * scale);
+                }
+            }
+            v16 y[R * 16];
+            weighted(ds, sw, k, ks, a, a + n, DC, y);
+            for (long r = 0; r < rows; r++)
+                for (int c = 0; c < DC; c++) st(dq + (i0 + r) * dqs + 16 * c, y[r * DC + c]);
+            scatter(ds, sw, x, dk, dks, a, a + n, DC);
+            scatter(p, sw, g, dv, dvs, a, a + n, DC);
         }
-        v16 y[R * 16];
-        weighted(ds, sw, k, ks, a, a + n, DC, y);
-        for (long r = 0; r < rows; r++)
-            for (int c = 0; c < DC; c++) st(dq + (i0 + r) * dqs + 16 * c, y[r * DC + c]);
-        scatter(ds, sw, x, dk, dks, a, a + n, DC);
-        scatter(p, sw, g, dv, dvs, a, a + n, DC);
     }
 }
 
 /* Backward of one query head into its kv head's dk, dv (accumulated: the caller zeroes them
    and runs a kv head's query heads one after another); dq written. */
-void mh_iv_backward(const float *q, long qs, const float *k, long ks, const float *kt,
-                    const float *v, long vs, const float *vt, long tp, const float *go, long gs,
-                    const float *o, long os, const float *lse, const int32_t *lo,
-                    const int32_t *hi, float *dq, long dqs, float *dk, long dks, float *dv,
-                    long dvs, long T, long D, float scale) {
-    const long sw = tp + 32;
-    float *p = malloc(sizeof(float) * 2 * R * sw);
-    if (!p) return;
-    float *ds = p + R * sw;
+void mh_iv_backward(const float *q, long qs, const float *k, long ks, const float *v, long vs,
+                    const float *go, long gs, const float *o, long os, const float *lse,
+                    const int32_t *lo, const int32_t *hi, float *dq, long dqs, float *dk,
+                    long dks, float *dv, long dvs, long T, long D, float scale) {
+    const long tp = widest(lo, hi, T) + 16, sw = tp + 32;
+    float *kt = malloc(sizeof(float) * (2 * D * tp + 2 * R * sw));
+    if (!kt) return;
+    float *vt = kt + D * tp, *p = vt + D * tp, *ds = p + R * sw;
 #define MH_BACKWARD(DC)                                                                        \
     backward_head(q, qs, k, ks, kt, v, vs, vt, tp, go, gs, o, os, lse, lo, hi, dq, dqs, dk, dks, \
                   dv, dvs, T, D, scale, DC, p, ds, sw)
@@ -308,7 +341,7 @@ void mh_iv_backward(const float *q, long qs, const float *k, long ks, const floa
     case 8: MH_BACKWARD(8); break;
     default: MH_BACKWARD((int)(D / 16));
     }
-    free(p);
+    free(kt);
 }
 
 /* xt (D rows of tp floats) = x^T, x (T rows of stride xs); columns T .. tp - 1 zero. Whole
@@ -346,18 +379,16 @@ void mh_iv_transpose(const float *x, long xs, long T, long D, float *xt, long tp
         }
     for (long t = t0; t < T; t++)
         for (long d = 0; d < D; d++) xt[d * tp + t] = x[t * xs + d];
-    for (long d = 0; d < D; d++) memset(xt + d * tp + T, 0, (tp - T) * sizeof(float));
+    const long pad = tp - T < 16 ? tp - T : 16; /* (what a 16-key step reads past the last) */
+    for (long d = 0; d < D; d++) memset(xt + d * tp + T, 0, pad * sizeof(float));
 }
 
 /* The whole call's units on `threads` OpenMP threads (torch's own pool: the library links
    the libgomp torch loaded), dynamically scheduled: the forward per query head, the backward
-   per kv head (its query heads in turn: dk, dv need no atomics). Each thread transposes the
-   K (and V) of its unit's kv head into a buffer of its own (D x tp, made once a call and
-   kept while its units share a kv head), so a call holds K^T for as many kv heads as it
-   has threads, not all of them: a whole call's K^T and V^T were fresh pages on every call
-   (at T 4096, 8 heads: 17 MB in the backward, ~4 ms of page faults of a 30 ms call).
-   Strides st: q, k, v, out, lse, lo, hi, grad_out, dq, dk, dv, each (batch, head, row), in
-   floats or int32s. */
+   per kv head (its query heads in turn: dk, dv need no atomics). Each unit transposes the
+   keys (and values) its chunks of rows see into buffers of its own (`CHUNK`). Strides st:
+   q, k, v, out, lse, lo, hi, grad_out, dq, dk, dv, each (batch, head, row), in floats or
+   int32s. */
 enum { SQ, SK, SV, SO, SL, SLO, SHI, SG, SDQ, SDK, SDV };
 #define AT(p, s, b, h) ((p) + (b) * st[3 * (s)] + (h) * st[3 * (s) + 1])
 #define ROW(s) st[3 * (s) + 2]
@@ -365,24 +396,13 @@ enum { SQ, SK, SV, SO, SL, SLO, SHI, SG, SDQ, SDK, SDV };
 void mh_iv_forward_all(const float *q, const float *k, const float *v, float *out, float *lse,
                        const int32_t *lo, const int32_t *hi, const long *st, long B, long H,
                        long Hkv, long T, long D, float scale, int threads) {
-    const long tp = T + 16, G = H / Hkv;
-    #pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        float *kt = malloc(sizeof(float) * D * tp);
-        long held = -1; /* the (batch row, kv head) whose K^T kt holds */
-        #pragma omp for schedule(dynamic, 1)
-        for (long u = 0; u < B * H; u++) {
-            const long b = u / H, h = u % H, g = h / G;
-            if (!kt) continue;
-            if (held != b * Hkv + g) {
-                mh_iv_transpose(AT(k, SK, b, g), ROW(SK), T, D, kt, tp);
-                held = b * Hkv + g;
-            }
-            mh_iv_forward(AT(q, SQ, b, h), ROW(SQ), kt, tp, AT(v, SV, b, g), ROW(SV),
-                          AT(out, SO, b, h), ROW(SO), AT(lse, SL, b, h), AT(lo, SLO, b, h),
-                          AT(hi, SHI, b, h), T, D, scale);
-        }
-        free(kt);
+    const long G = H / Hkv;
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * H; u++) {
+        const long b = u / H, h = u % H;
+        mh_iv_forward(AT(q, SQ, b, h), ROW(SQ), AT(k, SK, b, h / G), ROW(SK), AT(v, SV, b, h / G),
+                      ROW(SV), AT(out, SO, b, h), ROW(SO), AT(lse, SL, b, h), AT(lo, SLO, b, h),
+                      AT(hi, SHI, b, h), T, D, scale);
     }
 }
 
@@ -390,28 +410,19 @@ void mh_iv_backward_all(const float *q, const float *k, const float *v, const fl
                         const float *out, const float *lse, const int32_t *lo,
                         const int32_t *hi, float *dq, float *dk, float *dv, const long *st,
                         long B, long H, long Hkv, long T, long D, float scale, int threads) {
-    const long tp = T + 16, G = H / Hkv;
-    #pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        float *kt = malloc(sizeof(float) * 2 * D * tp), *vt = kt ? kt + D * tp : NULL;
-        #pragma omp for schedule(dynamic, 1)
-        for (long u = 0; u < B * Hkv; u++) {
-            const long b = u / Hkv, g = u % Hkv;
-            if (!kt) continue;
-            float *gk = AT(dk, SDK, b, g), *gv = AT(dv, SDV, b, g);
-            for (long t = 0; t < T; t++) {
-                memset(gk + t * ROW(SDK), 0, D * sizeof(float));
-                memset(gv + t * ROW(SDV), 0, D * sizeof(float));
-            }
-            mh_iv_transpose(AT(k, SK, b, g), ROW(SK), T, D, kt, tp);
-            mh_iv_transpose(AT(v, SV, b, g), ROW(SV), T, D, vt, tp);
-            for (long h = g * G; h < g * G + G; h++)
-                mh_iv_backward(AT(q, SQ, b, h), ROW(SQ), AT(k, SK, b, g), ROW(SK), kt,
-                               AT(v, SV, b, g), ROW(SV), vt, tp, AT(go, SG, b, h), ROW(SG),
-                               AT(out, SO, b, h), ROW(SO), AT(lse, SL, b, h), AT(lo, SLO, b, h),
-                               AT(hi, SHI, b, h), AT(dq, SDQ, b, h), ROW(SDQ), gk, ROW(SDK), gv,
-                               ROW(SDV), T, D, scale);
+    const long G = H / Hkv;
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (long u = 0; u < B * Hkv; u++) {
+        const long b = u / Hkv, g = u % Hkv;
+        float *gk = AT(dk, SDK, b, g), *gv = AT(dv, SDV, b, g);
+        for (long t = 0; t < T; t++) {
+            memset(gk + t * ROW(SDK), 0, D * sizeof(float));
+            memset(gv + t * ROW(SDV), 0, D * sizeof(float));
         }
-        free(kt);
+        for (long h = g * G; h < g * G + G; h++)
+            mh_iv_backward(AT(q, SQ, b, h), ROW(SQ), AT(k, SK, b, g), ROW(SK), AT(v, SV, b, g),
+                           ROW(SV), AT(go, SG, b, h), ROW(SG), AT(out, SO, b, h), ROW(SO),
+                           AT(lse, SL, b, h), AT(lo, SLO, b, h), AT(hi, SHI, b, h),
+                           AT(dq, SDQ, b, h), ROW(SDQ), gk, ROW(SDK), gv, ROW(SDV), T, D, scale);
     }
 }

@@ -4,19 +4,19 @@ that computes exactly those pairs (row_intervals.c, beside this file): a causal 
 without causality), a window within documents (the later of the two), any held mask_mod
 plan whose rows are such intervals (`held_intervals`, from its band: `mask_band`).
 
-Why: the band paths (tile_band.py, tile_masked_band.py) run torch's fused flash kernel on
-short blocks over overlapping key bands: 1.125-1.5x the allowed pairs, and that kernel costs
-~3x more per pair on such narrow calls than on a long causal call. A causal window of 64
-within documents (the bench's general_mod) read 3.5-4.1x its ideal. The kernel here takes
-blocks of 4 query rows over the union of their intervals, 16 keys at a time from K^T (a
-transposed copy per kv head), so its cost follows the allowed pairs; the backward recomputes
-the probabilities from lse and accumulates dk, dv per kv head (its query heads in turn: no
-atomics). Threads: the fast paths' per-call choice (`tile_threads.per_call`, weighing the
-pairs the intervals allow): inline, one C call whose units (a query head forward, a kv head
-backward) run on the caller's torch threads by OpenMP, dynamically scheduled (the library
-links the libgomp torch loaded: its threads are torch's own, awake after a projection's
-GEMM); beside a busy process, units of batch rows and kv heads on the tiled backend's
-workers, one single-threaded C call each.
+Why: the band paths (tile_band.py, tile_masked_band.py) run torch's fused flash kernel on short
+blocks over overlapping key bands: 1.125-1.5x the allowed pairs, and that kernel costs ~3x more
+per pair on such narrow calls than on a long causal call. A causal window of 64 within
+documents (the bench's general_mod) read 3.5-4.1x its ideal. The kernel here takes blocks of 4
+query rows over the union of their intervals, 16 keys at a time from K^T (the keys a chunk of
+256 rows sees, transposed), so its cost follows the allowed pairs; the backward recomputes the
+probabilities from lse and accumulates dk, dv per kv head (its query heads in turn: no
+atomics). Threads: the fast paths' per-call choice (`tile_threads.per_call`, weighing the pairs
+the intervals allow): inline, one C call whose units (a query head forward, a kv head backward)
+run on the caller's torch threads by OpenMP, dynamically scheduled (the library links the
+libgomp torch loaded: its threads are torch's own, awake after a projection's GEMM); beside a
+busy process, units of batch rows and kv heads on the tiled backend's workers, one single-
+threaded C call each.
 
 Measured (2-core machine shared with another session; fwd + bwd; /ideal as the bench
 prints it: structured / (allowed pairs / causal pairs x causal time), the module's with its
@@ -40,9 +40,11 @@ general_mod: 0.4-0.65x the masked band's time.
 Then (the next stop), at the same general_mod call, one thread, the kernel alone: forward
 12.0 -> 9.4 ms, backward 24.5 -> 19.8 ms, from 16 x 16 transposes in registers (a scalar
 transposed copy was ~90 us a head), sums and maxima across lanes as trees, the forward's
-normalisation applied to its output, and K^T, V^T in a buffer per thread (one kv head at a
-time) instead of the whole call's fresh 8-17 MB; the whole call, one thread: 44 -> 39 ms,
-with a sum's expanded gradient read through its strides (`rows_contiguous`), not copied.
+normalisation applied to its output, and K^T, V^T a chunk of 256 query rows at a time (only
+the keys those rows see, in a buffer of the widest chunk's keys: ~84 KB a head here) instead
+of the whole call's fresh 8-17 MB, whose first touch cost ~4 ms of page faults a call (this
+machine: ~2.4 us a fault); the whole call, one thread: 44 -> 39 ms, with a sum's expanded
+gradient read through its strides (`rows_contiguous`), not copied.
 Tried and dropped: blocks of 8 query rows (the P V accumulators spill: ~7% slower), the
 key-gradient sums as a tree (no change measured).
 
