@@ -34,7 +34,7 @@ def fake_measures(monkeypatch):
         events.append(("structure", torch.get_num_threads(), bool(busy), contended))
         ratio = "2.50x"  # over the idle 2x, within the contended 3x
         target = attention_structure.FUNCTION_TARGET_CONTENDED if contended else 2.0
-        return [["window", "f", *"abc", ratio, *"defghijk", f"{target:.2f}x",
+        return [["window", "f", *"abc", ratio, "3", *"defghijk", f"{target:.2f}x",
                  attention_structure.holds(ratio, target)]]  # fmt: skip
 
     def fake_dense(shapes, repeats):

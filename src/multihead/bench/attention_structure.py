@@ -41,7 +41,7 @@ from ..functional import attention, block_mask, masks
 from ..functional.backends.tile_threads import recorded_choices
 from ..modules import MultiHeadAttention
 from ..table import format_table
-from .timing import environment, measure_rounds, median_ratio
+from .timing import MAX_ROUNDS_FACTOR, environment, measure_rounds, median_ratio
 
 MASKS = ("window", "documents", "prefix", "mask_mod", "documents_mod", "general_mod")
 # given as mask functions, held as plans
@@ -51,6 +51,9 @@ FUNCTION_T, MODULE_T = (4096, 8192), (1024, 4096)
 QUICK_FUNCTION_T, QUICK_MODULE_T = (1024,), (1024,)
 FUNCTION_TARGET, FUNCTION_TARGET_CONTENDED, MODULE_TARGET = 2.0, 3.0, 1.2
 MOD_BLOCK = 128  # the mask_mod case's tiles
+# Seconds of rounds a row may take: a cheaper row runs more than --repeats rounds (at most 4x;
+# `timing.measure_rounds`), so a short call's median beside a busy process stands on more
+ROUND_BUDGET = 12.0
 GENERAL_WINDOW = 64  # general_mod's window inside the documents (shorter than every one)
 
 
@@ -236,7 +239,7 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
     flex = _flex(kind, q, k, v)
     if not isinstance(flex, str):
         fns["flex fwd"] = flex[0]
-    rounds = measure_rounds(fns, repeats=repeats, warmup=1, min_time=0.0)
+    rounds = measure_rounds(fns, repeats=repeats, warmup=1, min_time=0.0, budget=ROUND_BUDGET)
     share = allowed_pairs(kind, T) / (T * (T + 1) / 2)
     ideals = [share * c for c in rounds["causal"]]
     s, ratio = _medians(rounds), median_ratio(rounds["structured"], ideals)
@@ -246,7 +249,7 @@ def function_row(kind: str, T: int, repeats: int) -> list[str]:
     per_call = f"{s['per call'] * 1e3:.0f}" if "per call" in s else ""
     return [
         kind, f"attention() T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
-        f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x",
+        f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x", str(len(rounds["structured"])),
         f"{s['dense sdpa'] * 1e3:.0f}", f"{s['structured fwd'] * 1e3:.0f}", flex_cell,
         build_cell, flex_build, per_call, inline_cell(seen), "",
     ]  # fmt: skip
@@ -286,7 +289,7 @@ def module_row(kind: str, T: int, repeats: int) -> list[str]:
         "projections": _train(projections),
         "attention": _train(lambda: attention(q, k, v, causal=True, **args)),
     }
-    rounds = measure_rounds(fns, repeats=repeats, warmup=1, min_time=0.0)
+    rounds = measure_rounds(fns, repeats=repeats, warmup=1, min_time=0.0, budget=ROUND_BUDGET)
     share = allowed_pairs(kind, T) / (T * (T + 1) / 2)
     ideals = [
         p + share * max(c - p, 0.0)
@@ -296,7 +299,7 @@ def module_row(kind: str, T: int, repeats: int) -> list[str]:
     ideal = statistics.median(ideals)
     return [
         kind, f"module T={T}", f"{s['causal'] * 1e3:.0f}", f"{ideal * 1e3:.0f}",
-        f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x",
+        f"{s['structured'] * 1e3:.0f}", f"{ratio:.2f}x", str(len(rounds["structured"])),
         f"{s['dense mask'] * 1e3:.0f}", "", "", build_cell, "", "", inline_cell(seen),
         around_cell(rounds),
     ]  # fmt: skip
@@ -323,7 +326,7 @@ def holds(ratio_cell: str, target: float) -> str:
     return "yes" if float(ratio_cell.rstrip("x")) <= target else "NO"
 
 
-HEADERS = ["mask", "call", "causal ms", "ideal ms", "structured ms", "/ideal",
+HEADERS = ["mask", "call", "causal ms", "ideal ms", "structured ms", "/ideal", "rounds",
            "dense-mask ms", "structured fwd ms", "flex fwd ms", "plan build ms",
            "flex build ms", "per-call mod ms", "inline", "around ms", "target",
            "holds"]  # fmt: skip
@@ -366,7 +369,9 @@ def report(body: list[list[str]], *, contended: bool = False) -> str:
         "row's interval of keys: exactly the allowed pairs).",
         "ideal = allowed pairs / causal pairs x causal time of the same call (module: "
         "projections + that share of the causal attention), per round; /ideal = the median "
-        "over rounds of structured / ideal; dense-mask = SDPA under the "
+        "over rounds of structured / ideal; rounds = how many (--repeats, or more for a "
+        f"cheap row: as many as {ROUND_BUDGET:g} s holds, at most "
+        f"{MAX_ROUNDS_FACTOR}x); dense-mask = SDPA under the "
         "(T, T) mask (function: torch's; module: mask=); flex = compiled flex_attention "
         "with a BlockMask; inline = the structured call's fast-path calls (forward and "
         "backward) that ran inline on torch's own threads, of all (the per-call thread "

@@ -98,6 +98,9 @@ def measure(
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+MAX_ROUNDS_FACTOR = 4  # (measure_rounds' budget: at most this many times the rounds asked)
+
+
 def measure_rounds(
     contenders: dict[str, Callable[[], object]],
     *,
@@ -105,18 +108,29 @@ def measure_rounds(
     warmup: int = 2,
     min_time: float = 0.02,
     device: torch.device | str = "cpu",
+    budget: float = 0.0,
 ) -> dict[str, list[float]]:
     """Seconds per call of each contender in each of `repeats` rounds (every contender runs
-    once per round, in a random order). On CUDA, timed with CUDA events (see `timed`)."""
+    once per round, in a random order). On CUDA, timed with CUDA events (see `timed`).
+
+    `budget` (seconds, with warmup): where `repeats` rounds would take less, more rounds run,
+    as many as the budget holds at the last warm-up round's pace, at most MAX_ROUNDS_FACTOR x
+    `repeats`: a cheap row's median then stands on more rounds (beside a busy process one
+    round of a short call can read twice another's), at little cost to the whole run."""
     device = torch.device(device)
-    for fn in contenders.values():
-        for _ in range(warmup):
+    pace = 0.0  # seconds of the last warm-up round (every contender once)
+    for _ in range(warmup):
+        start = time.perf_counter()
+        for fn in contenders.values():
             fn()
-    synchronize(device)
+        synchronize(device)
+        pace = time.perf_counter() - start
     loops = {name: _calls_per_sample(fn, min_time, device) for name, fn in contenders.items()}
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     order_rng = random.Random(0)
+    if budget > 0 and pace > 0:
+        repeats = max(repeats, min(MAX_ROUNDS_FACTOR * repeats, int(budget / pace)))
     for _ in range(repeats):
         # A fresh random order each round: what runs just before a contender affects it (torch's
         # MHA leaves the allocator in a state that costs its successor ~10% at B=8, T=512), and a
