@@ -159,21 +159,24 @@ def test_a_parametrized_in_proj_runs_through_its_own_forward():
 
 
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("widths", [(8, 8, 8), (16, 8, 8)], ids=["equal", "grouped"])
 @pytest.mark.parametrize(
-    "threads, running, batched",
-    [(1, 1, True), (2, 10**6, True), (2, 1, False), (3, 1, True)],
+    "threads, running, path",
+    [(1, 1, "batched"), (2, 10**6, "units"), (2, 1, "blocks"), (3, 1, "batched")],
     ids=["1-thread", "2-threads-busy", "2-threads-free", "3-threads-3-blocks"],
 )
-def test_equal_blocks_run_batched_unless_free_cores_share_them_unevenly(
-    bias, threads, running, batched, monkeypatch
+def test_each_way_of_running_the_products_equals_the_fused_linear(
+    bias, widths, threads, running, path, monkeypatch
 ):
-    """Equal widths (q, k, v without grouped heads) run the forward and the weight gradient
-    as one batched product each (one parallel region instead of one per block), except where
-    the cores are free and the threads cannot share the blocks evenly (3 blocks on 2
-    threads: a product per block); either way equal to F.linear and its gradients (fp64), on
-    a weight that is not contiguous too."""
+    """The products run as one batched product each (forward, weight gradient: one parallel
+    region instead of one per block) where the blocks are equal and the threads share them
+    evenly or there is one thread; one product per block where the cores are free and they
+    cannot (3 blocks on 2 threads) or the widths differ; units of rows on the tiled backend's
+    workers beside a busy process (`blocked_units`). Every way equals F.linear and its
+    gradients (fp64), on a weight that is not contiguous too."""
     from multihead.functional.backends import tile_threads
     from multihead.modules import blocked_projection as bp
+    from multihead.modules import blocked_units
 
     calls = []
     for name in ("bmm", "baddbmm"):
@@ -181,13 +184,17 @@ def test_equal_blocks_run_batched_unless_free_cores_share_them_unevenly(
         monkeypatch.setattr(
             torch, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k)
         )
+    real_run = blocked_units.run
+    monkeypatch.setattr(
+        blocked_units, "run", lambda units, n: calls.append(f"units:{n}") or real_run(units, n)
+    )
     monkeypatch.setattr(tile_threads, "_runnable", lambda: running)
     monkeypatch.setattr(tile_threads, "_cores", lambda: 2)
     gen = torch.Generator().manual_seed(3)
-    widths = (8, 8, 8)
     x = torch.randn(3, 7, 16, dtype=torch.float64, generator=gen, requires_grad=True)
-    W = torch.randn(16, 24, dtype=torch.float64, generator=gen).t().requires_grad_()  # strided
-    b = torch.randn(24, dtype=torch.float64, generator=gen, requires_grad=True) if bias else None
+    W = torch.randn(16, sum(widths), dtype=torch.float64, generator=gen).t().requires_grad_()
+    b = torch.randn(sum(widths), dtype=torch.float64, generator=gen, requires_grad=True)
+    b = b if bias else None
     inputs = [t for t in (x, W, b) if t is not None]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -202,6 +209,53 @@ def test_equal_blocks_run_batched_unless_free_cores_share_them_unevenly(
             assert_close(a, c, torch.float64)
     finally:
         torch.set_num_threads(before)
-    # forward, then the weight gradient; none where each block is its own product
-    assert calls == (["baddbmm" if bias else "bmm", "bmm"] if batched else [])
+    if path == "units":  # forward, then the gradients, on the workers
+        assert calls == ["units:2", "units:2"]
+    elif path == "batched" and widths == (8, 8, 8):  # forward, then the weight gradient
+        assert calls == ["baddbmm" if bias else "bmm", "bmm"]
+    else:  # a product per block
+        assert calls == []
     assert not bp._batched((32, 8, 8)) and not bp._batched((8,))
+
+
+def test_units_of_rows_cover_every_row_once():
+    from multihead.modules.blocked_units import parts
+
+    for count, wanted in [(7, 4), (3, 8), (1024, 6), (1, 1)]:
+        runs = parts(count, wanted)
+        assert [i for r in runs for i in range(count)[r]] == list(range(count))
+        assert len(runs) == min(wanted, count) and all(r.stop > r.start for r in runs)
+
+
+def test_a_busy_call_under_a_dispatch_mode_keeps_the_products_in_this_thread(monkeypatch):
+    """Under a dispatch mode (FlopCounterMode) the products must run where the mode sees them
+    (`tile_threads.workers`): beside a busy process too, no units, and the counter reads
+    what it reads on free cores."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from multihead.functional.backends import tile_threads
+    from multihead.modules import blocked_units
+
+    monkeypatch.setattr(blocked_units, "run", lambda *a: pytest.fail("ran on the workers"))
+    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(24, 16, dtype=torch.float64, requires_grad=True)
+
+    def counted(running: int):
+        monkeypatch.setattr(tile_threads, "_runnable", lambda: running)
+        with FlopCounterMode(display=False) as counter:
+            out = sum(p.sum() for p in blocked_projection(x, W, None, (8, 8, 8)))
+            grads = torch.autograd.grad(out, (x, W))
+        return counter.get_total_flops(), grads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        busy, grads = counted(10**6)
+        free, _ = counted(1)
+    finally:
+        torch.set_num_threads(before)
+    # the forward and the weight gradient's products at least (2 N C W each), as on free cores
+    assert busy == free >= 4 * 10 * 16 * 24
+    want = torch.autograd.grad(F.linear(x, W).sum(), (x, W))
+    for a, c in zip(grads, want, strict=True):
+        assert_close(a, c, torch.float64)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..functional.backends.tile_threads import cores_free
+from ..functional.backends.tile_threads import cores_free, workers
 from ..functional.backends.tiled import MIN_PAIRS
 from ..functional.first_order import first_order
+from .blocked_units import backward_units, forward_units
 from .projections import _plain
 
 DTYPES = (torch.float32, torch.float64)
@@ -62,6 +63,12 @@ class _Blocked(torch.autograd.Function):
     def forward(ctx, x, weight, bias, widths):
         N = x.shape[0]
         out = x.new_empty(N * sum(widths))
+        ctx.save_for_backward(x, weight)
+        ctx.widths, ctx.has_bias = widths, bias is not None
+        threads = _on_workers(x, weight, bias)
+        if threads > 1:  # beside a busy process: units of rows on the workers
+            forward_units(x, weight, bias, widths, out, threads)
+            return out
         if _batched(widths):  # one batched product: one parallel region, not one per block
             n, w = len(widths), widths[0]
             w3 = weight.unflatten(0, (n, w)).transpose(1, 2)  # (n, C, w)
@@ -70,8 +77,6 @@ class _Blocked(torch.autograd.Function):
                 torch.bmm(x3, w3, out=out.view(n, N, w))
             else:
                 torch.baddbmm(bias.view(n, 1, w), x3, w3, out=out.view(n, N, w))
-            ctx.save_for_backward(x, weight)
-            ctx.widths, ctx.has_bias = widths, bias is not None
             return out
         row = 0
         for w, block in zip(widths, _split(out, N, widths), strict=True):
@@ -80,8 +85,6 @@ class _Blocked(torch.autograd.Function):
             else:
                 torch.addmm(bias[row : row + w], x, weight[row : row + w].t(), out=block)
             row += w
-        ctx.save_for_backward(x, weight)
-        ctx.widths, ctx.has_bias = widths, bias is not None
         return out
 
     @staticmethod
@@ -93,6 +96,13 @@ class _Blocked(torch.autograd.Function):
         N = x.shape[0]
         grad = grad.contiguous()
         gx = gw = gb = None
+        threads = _on_workers(x, weight, grad)
+        if threads > 1:  # beside a busy process: units of rows on the workers
+            gx = x.new_empty(x.shape) if want_x else None
+            gw = weight.new_empty(weight.shape) if want_w else None
+            gb = weight.new_empty(weight.shape[0]) if want_b and ctx.has_bias else None
+            backward_units(x, weight, grad, widths, gx, gw, gb, threads)
+            return gx, gw, gb, None
         batched = _batched(widths)
         if want_w:
             gw = weight.new_empty(weight.shape)  # (contiguous: the batched product's out)
@@ -116,6 +126,15 @@ class _Blocked(torch.autograd.Function):
                 torch.sum(g, dim=0, out=gb[rows])
             row += w
         return gx, gw, gb, None
+
+
+def _on_workers(*tensors: Tensor | None) -> int:
+    """The workers to run the products on as units (`blocked_units`): beside a busy process
+    (the cores not free) with more than one thread, where the tiled backend's workers may
+    run (`tile_threads.workers`: no grad mode, torch function or dispatch mode, subclass);
+    else 0 (the products as parallel regions)."""
+    threads = workers(*tensors)
+    return threads if threads > 1 and not cores_free(threads) else 0
 
 
 def _batched(widths) -> bool:

@@ -207,7 +207,7 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def run(units: Sequence[Callable[[], None]], n: int) -> None:
+def run(units: Sequence[Callable[[], object]], n: int) -> None:
     """Run the units (each writing tensors no other unit touches) on n workers, or inline
     when n <= 1 or there is one unit; return when all are done, raising the first error."""
     if n <= 1 or len(units) <= 1:
