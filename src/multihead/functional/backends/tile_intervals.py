@@ -71,6 +71,7 @@ from torch import Tensor
 
 from ...native import load as load_native
 from ..mask_band import BandMask, band_of_grid
+from .tile_segments import segments_of
 from .tile_threads import head_units, per_call, run, workers
 
 _SOURCE = (resources.files(__package__) / "row_intervals.c").read_text("utf-8")
@@ -163,9 +164,10 @@ def _run(
     tiled backend's workers, one C call each on one thread (a descheduled thread holds up
     only its own unit). The size it weighs is the pairs the intervals allow (what this
     kernel computes), not the dense B H T^2 of the band paths' calls."""
-    n = per_call(workers(q, k, *more), int(pairs))
+    threads = workers(q, k, *more)
+    n = per_call(threads, int(pairs))
     if n <= 1:
-        call(kv, qh, workers(q, k, *more))
+        call(kv, qh, threads)
         return
     units = [
         functools.partial(call, [t[r, g] for t in kv], [t[r, h] for t in qh], 1)
@@ -243,17 +245,13 @@ def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals |
 def documents_intervals(ids: Tensor, left: int) -> Intervals | None:
     """A causal window of left + 1 keys within documents (ids (B, T)) as intervals: key
     p - left .. p of p's own run of equal ids; None unless every id is one contiguous run
-    (an id seen again later would let a row see two runs)."""
-    B, T = ids.shape
-    change = ids[:, 1:] != ids[:, :-1]  # (B, T - 1)
-    for b in range(B):
-        if int(change[b].sum()) + 1 != ids[b].unique().numel():
-            return None
-    p = torch.arange(T, device=ids.device)
-    starts = torch.cat([torch.ones(B, 1, dtype=torch.bool), change], dim=1)
-    first = torch.where(starts, p, 0).cummax(dim=1).values  # (B, T): each run's first position
-    lo = torch.maximum(first, p - left).int()
-    return Intervals(lo[:, None].contiguous(), (p + 1).int()[None, None].contiguous())
+    (`tile_segments.segments_of`: an id seen again later would let a row see two runs)."""
+    segments = segments_of(ids)
+    if segments is None:
+        return None
+    docs = segments_intervals(segments, ids.shape[0], ids.shape[1], causal=True)
+    p = torch.arange(ids.shape[1], dtype=torch.int32)
+    return Intervals(torch.maximum(docs.lo, p - left).contiguous(), docs.hi)
 
 
 def structure_intervals(structure, causal: bool, mask, bias, q: Tensor, k: Tensor):
