@@ -215,7 +215,7 @@ def test_each_way_of_running_the_products_equals_the_fused_linear(
         assert calls == ["baddbmm" if bias else "bmm", "bmm"]
     else:  # a product per block
         assert calls == []
-    assert not bp._batched((32, 8, 8)) and not bp._batched((8,))
+    assert bp._equal((8, 8, 8)) and not bp._equal((32, 8, 8)) and not bp._equal((8,))
 
 
 def test_units_of_rows_cover_every_row_once():

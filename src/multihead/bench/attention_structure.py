@@ -53,6 +53,7 @@ FUNCTION_TARGET, FUNCTION_TARGET_CONTENDED, MODULE_TARGET = 2.0, 3.0, 1.2
 MOD_BLOCK = 128  # the mask_mod case's tiles
 # Seconds of rounds a row may take: a cheaper row runs more than --repeats rounds (at most 4x;
 # `timing.measure_rounds`), so a short call's median beside a busy process stands on more
+# rounds
 ROUND_BUDGET = 12.0
 GENERAL_WINDOW = 64  # general_mod's window inside the documents (shorter than every one)
 

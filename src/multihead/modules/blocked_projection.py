@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..functional.backends.tile_threads import cores_free, workers
 from ..functional.backends.tiled import MIN_PAIRS
 from ..functional.first_order import first_order
-from .blocked_units import backward_units, forward_units
+from .blocked_units import backward_units, forward_units, split_blocks
 from .projections import _plain
 
 DTYPES = (torch.float32, torch.float64)
@@ -55,7 +55,7 @@ def blocked_projection(
     flat buffer (its `_base`); equal to F.linear(x, weight, bias).split(widths, -1)."""
     B, T, C = x.shape
     flat = _Blocked.apply(x.reshape(B * T, C), weight, bias, widths)
-    return [b.view(B, T, w) for b, w in zip(_split(flat, B * T, widths), widths, strict=True)]
+    return [b.view(B, T, w) for b, w in zip(split_blocks(flat, B * T, widths), widths, strict=True)]
 
 
 class _Blocked(torch.autograd.Function):
@@ -65,11 +65,11 @@ class _Blocked(torch.autograd.Function):
         out = x.new_empty(N * sum(widths))
         ctx.save_for_backward(x, weight)
         ctx.widths, ctx.has_bias = widths, bias is not None
-        threads = _on_workers(x, weight, bias)
-        if threads > 1:  # beside a busy process: units of rows on the workers
+        way, threads = _way(widths, x, weight, bias)
+        if way == "units":  # beside a busy process: units of rows on the workers
             forward_units(x, weight, bias, widths, out, threads)
             return out
-        if _batched(widths):  # one batched product: one parallel region, not one per block
+        if way == "batched":  # one batched product: one parallel region, not one per block
             n, w = len(widths), widths[0]
             w3 = weight.unflatten(0, (n, w)).transpose(1, 2)  # (n, C, w)
             x3 = x.expand(n, *x.shape)  # (n, N, C), a view
@@ -79,7 +79,7 @@ class _Blocked(torch.autograd.Function):
                 torch.baddbmm(bias.view(n, 1, w), x3, w3, out=out.view(n, N, w))
             return out
         row = 0
-        for w, block in zip(widths, _split(out, N, widths), strict=True):
+        for w, block in zip(widths, split_blocks(out, N, widths), strict=True):
             if bias is None:
                 torch.mm(x, weight[row : row + w].t(), out=block)
             else:
@@ -96,14 +96,14 @@ class _Blocked(torch.autograd.Function):
         N = x.shape[0]
         grad = grad.contiguous()
         gx = gw = gb = None
-        threads = _on_workers(x, weight, grad)
-        if threads > 1:  # beside a busy process: units of rows on the workers
+        way, threads = _way(widths, x, weight, grad)
+        if way == "units":  # beside a busy process: units of rows on the workers
             gx = x.new_empty(x.shape) if want_x else None
             gw = weight.new_empty(weight.shape) if want_w else None
             gb = weight.new_empty(weight.shape[0]) if want_b and ctx.has_bias else None
             backward_units(x, weight, grad, widths, gx, gw, gb, threads)
             return gx, gw, gb, None
-        batched = _batched(widths)
+        batched = way == "batched"
         if want_w:
             gw = weight.new_empty(weight.shape)  # (contiguous: the batched product's out)
         if gw is not None and batched:  # one product for all blocks: one region, not three
@@ -116,7 +116,7 @@ class _Blocked(torch.autograd.Function):
             n, w = len(widths), widths[0]
             torch.sum(grad.view(n, N, w), dim=1, out=gb.view(n, w))
         row = 0
-        for w, g in zip(widths, _split(grad, N, widths), strict=True):
+        for w, g in zip(widths, split_blocks(grad, N, widths), strict=True):
             rows = slice(row, row + w)
             if want_x:  # dx = sum over blocks of g_i W_i
                 gx = g @ weight[rows] if gx is None else gx.addmm_(g, weight[rows])
@@ -128,37 +128,37 @@ class _Blocked(torch.autograd.Function):
         return gx, gw, gb, None
 
 
-def _on_workers(*tensors: Tensor | None) -> int:
-    """The workers to run the products on as units (`blocked_units`): beside a busy process
-    (the cores not free) with more than one thread, where the tiled backend's workers may
-    run (`tile_threads.workers`: no grad mode, torch function or dispatch mode, subclass);
-    else 0 (the products as parallel regions)."""
-    threads = workers(*tensors)
-    return threads if threads > 1 and not cores_free(threads) else 0
-
-
-def _batched(widths) -> bool:
-    """Whether the blocks run as one batched product (bmm), one parallel region, rather than
-    one product per block (each a region of all threads): where every block has the same
-    width (q, k, v without grouped-query heads), and unless the cores are free and the blocks
-    cannot be shared out evenly among the threads. The batched product deals whole blocks to
-    the threads: three blocks on two threads leave one idle for a third of it. Measured at
-    width 512, (T, 512) inputs, in one process, medians of 15: 2 threads, idle: batched
-    1.31-1.34x the per-block products' time (T 1024: 10.8 vs 8.1 ms forward, 11.1 vs 8.4 ms
-    weight gradient; T 4096: 45.4 vs 34.5, 44.1 vs 34.4), which equal one plain (T, 1536)
-    product; beside a busy process the per-block products wait on three regions: 1.1-1.8x
-    the batched product's time (T 1024: 47.6 vs 31.5, 47.2 vs 26.6; T 4096: 97.8 vs 88.0,
-    100.0 vs 80.0); 1 thread: the same."""
-    if len(widths) <= 1 or any(w != widths[0] for w in widths):
-        return False
+def _way(widths, *tensors: Tensor | None) -> tuple[str, int]:
+    """How a call's products run, from one probe of the machine (`tile_threads.cores_free`),
+    with the workers they take:
+    - ("units", n): beside a busy process (the cores not free) with more than one thread,
+      where the tiled backend's workers may run (`tile_threads.workers`: no grad mode,
+      torch function or dispatch mode, subclass): units of rows on n workers
+      (`blocked_units`), no parallel region that waits for a descheduled thread;
+    - ("batched", 0): equal blocks (`_equal`) as one batched product (bmm), one parallel
+      region, with one thread, where the threads share the blocks evenly, or beside a busy
+      process where the products cannot go to the workers;
+    - ("blocks", 0): one product per block (each a region of all threads): unequal blocks,
+      or free cores whose threads cannot share the blocks evenly.
+    The batched product deals whole blocks to the threads: three blocks on two threads leave
+    one idle for a third of it. Measured at width 512, (T, 512) inputs, in one process,
+    medians of 15: 2 threads, idle: batched 1.31-1.34x the per-block products' time (T 1024:
+    10.8 vs 8.1 ms forward, 11.1 vs 8.4 ms weight gradient; T 4096: 45.4 vs 34.5, 44.1 vs
+    34.4), which equal one plain (T, 1536) product; beside a busy process the per-block
+    products wait on three regions: 1.1-1.8x the batched product's time (T 1024: 47.6 vs
+    31.5, 47.2 vs 26.6; T 4096: 97.8 vs 88.0, 100.0 vs 80.0); 1 thread: the same."""
     threads = torch.get_num_threads()
-    return threads <= 1 or len(widths) % threads == 0 or not cores_free(threads)
+    free = threads <= 1 or cores_free(threads)
+    if not free:
+        n = workers(*tensors)
+        if n > 1:
+            return "units", n
+    if _equal(widths) and (threads <= 1 or len(widths) % threads == 0 or not free):
+        return "batched", 0
+    return "blocks", 0
 
 
-def _split(flat: Tensor, N: int, widths) -> list[Tensor]:
-    """The (N, w) blocks of a flat buffer, as views."""
-    blocks, start = [], 0
-    for w in widths:
-        blocks.append(flat[start : start + N * w].view(N, w))
-        start += N * w
-    return blocks
+def _equal(widths) -> bool:
+    """Whether every block has the same width (q, k, v without grouped-query heads): the
+    blocks may then run as one batched product."""
+    return len(widths) > 1 and all(w == widths[0] for w in widths)

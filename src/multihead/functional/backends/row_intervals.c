@@ -344,7 +344,8 @@ void mh_iv_backward(const float *q, long qs, const float *k, long ks, const floa
     free(kt);
 }
 
-/* xt (D rows of tp floats) = x^T, x (T rows of stride xs); columns T .. tp - 1 zero. Whole
+/* xt (D rows of tp floats) = x^T, x (T rows of stride xs); the 16 columns after T (those
+   within tp) zero: all a 16-key step reads past the last key. Whole
    16 x 16 tiles are transposed in registers (four rounds of two-source shuffles, each
    swapping the off-diagonal blocks of 2s x 2s blocks: s = 8, 4, 2, 1); the rows past the
    last whole tile element by element. (A scalar copy of the transposed view cost ~90 us a
