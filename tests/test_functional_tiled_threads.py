@@ -132,7 +132,15 @@ def test_inline_where_the_caller_could_see_the_difference(two_threads):
     x = torch.zeros(2)
     with torch.no_grad():
         assert tile_threads.workers(x) == 2
-        assert tile_threads.workers(x, torch.nn.Parameter(x)) == 1  # a subclass
+        # a module's weight runs as a Tensor (its __torch_function__ is disabled): the
+        # module's projections beside a busy process go to the workers with it
+        assert tile_threads.workers(x, torch.nn.Parameter(x)) == 2
+
+        class Logged(torch.Tensor):  # a subclass that may redirect a call: inline
+            pass
+
+        assert tile_threads.workers(x, x.as_subclass(Logged)) == 1
+        assert tile_threads.workers(x, torch.nn.Buffer(x)) == 2  # (a plain Tensor)
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):

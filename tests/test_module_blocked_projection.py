@@ -117,6 +117,40 @@ def test_module_structure_through_blocks_equals_the_dense_mask(spies, kind, kv_h
         assert_close(a, c, torch.float64)
 
 
+def test_a_module_beside_a_busy_process_projects_in_units_on_the_workers(monkeypatch):
+    """The module's own weights are Parameters: beside a busy process its blocked projection
+    runs as units of rows on the workers (forward and backward), and the module's result and
+    every gradient equal the dense-mask path's (fp64)."""
+    from multihead.functional.backends import tile_threads
+    from multihead.modules import blocked_units
+
+    ran = []
+    real_run = blocked_units.run
+    monkeypatch.setattr(blocked_units, "run", lambda u, n: ran.append(n) or real_run(u, n))
+    monkeypatch.setattr(tile_threads, "_runnable", lambda: 10**6)  # every core busy
+    monkeypatch.setattr(tile_threads, "_cores", lambda: 2)
+    torch.manual_seed(0)
+    B, T = 2, 1024
+    m = MultiHeadAttention(32, 4, num_kv_heads=2, causal=True).double()
+    x = torch.randn(B, T, 32, dtype=torch.float64, requires_grad=True)
+    ids = _documents(B, T)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = m(x, documents=ids)
+        assert ran == [2]  # the forward's products, as units on two workers
+        g = torch.randn_like(out)
+        params = [x, *m.parameters()]
+        got = torch.autograd.grad(out, params, g)
+        assert ran == [2, 2]  # and the gradients'
+    finally:
+        torch.set_num_threads(before)
+    ref = m(x, mask=_dense("documents", B, T), causal=False)
+    assert_close(out, ref, torch.float64)
+    for a, c in zip(got, torch.autograd.grad(ref, params, g), strict=True):
+        assert_close(a, c, torch.float64)
+
+
 def test_calls_it_does_not_serve_keep_the_fused_matmul(spies):
     m = MultiHeadAttention(32, 4, causal=True)
     x = torch.randn(1, 1024, 32)

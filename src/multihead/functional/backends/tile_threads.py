@@ -25,8 +25,9 @@ the calling thread's own count is never touched.
 Runs inline instead (in the calling thread, torch's own threads, as before) when one thread
 is asked for, there is one unit, or the call could see the difference: autograd recording
 (grad mode on, e.g. a backward under create_graph), a torch function or dispatch mode
-(FlopCounterMode, a default device), tensor subclasses, or a call from a worker itself; and
-a fast path's small call on a machine whose cores are free (`per_call`, a probe per call).
+(FlopCounterMode, a default device), tensor subclasses (not a Parameter: it runs as a
+Tensor), or a call from a worker itself; and a fast path's small call on a machine whose
+cores are free (`per_call`, a probe per call).
 """
 
 from __future__ import annotations
@@ -138,9 +139,14 @@ def workers(*tensors: Tensor | None) -> int:
         return 1
     if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
         return 1
-    if any(t is not None and type(t) is not Tensor for t in tensors):
+    if any(t is not None and type(t) not in PLAIN for t in tensors):
         return 1
     return torch.get_num_threads()
+
+
+# Tensors whose kernels are torch's own: a Parameter (a module's weight) runs as a Tensor, its
+# __torch_function__ disabled; any other subclass may redirect a call, so it stays inline
+PLAIN = (Tensor, torch.nn.Parameter)
 
 
 # Below this many (query, key) pairs of the whole call (batch x heads x queries x keys, as if
