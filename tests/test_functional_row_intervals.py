@@ -245,6 +245,12 @@ def test_routed_calls_match_the_reference_and_the_band(monkeypatch, threads, cas
     want = (out, *torch.autograd.grad(out, (qd, kd, vd), grad_out.double()))
     for a, b in zip(got, want, strict=True):
         assert_close(a, b)
+    # again: the call's pairs come from the intervals (counted where they were made, a held
+    # plan's once), no torch op per call (beside a busy process each waits on a thread)
+    monkeypatch.setattr(tile_intervals, "_pairs", lambda *a: pytest.fail("pairs counted per call"))
+    again, _ = _call(q, k, v, given)
+    for a, b in zip(got, again, strict=True):
+        assert torch.equal(a, b)
     # the band paths it replaces, on the same inputs (the kernel not built)
     monkeypatch.setattr(tile_intervals, "library", lambda extra=(): None)
     calls.clear()
@@ -314,3 +320,39 @@ def test_inputs_the_kernel_does_not_take():
     assert not tile_intervals.interval_runs(r, r, r)  # D not a multiple of 16
     s = torch.randn(1, 2, 16, 64).transpose(2, 3)
     assert not tile_intervals.interval_runs(s, s, s)  # D strided
+
+
+def _dense_pairs(lo: torch.Tensor, hi: torch.Tensor, B_: int, H_: int) -> int:
+    """Pairs of the intervals expanded to (B_, H_, T), counted key by key (the reference)."""
+    keys = torch.arange(lo.shape[-1])[None, None, None, :]
+    lo, hi = lo.expand(B_, H_, -1)[..., None], hi.expand(B_, H_, -1)[..., None]
+    return int(((keys >= lo) & (keys < hi)).sum())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_intervals_carry_the_pairs_they_allow(causal):
+    """Every way intervals are made carries the count of the pairs they allow (the per-call
+    thread choice weighs it without torch ops per call), equal to a key-by-key count, for the
+    call they are expanded to: windows (narrower and wider than the rows), documents with
+    and without causality (positions outside every document see nothing), a window within
+    documents, a held band's rows."""
+    from multihead.functional.mask_band import BandMask
+
+    made = [tile_intervals.window_intervals(left, T) for left in (0, 6, 63, 400)]
+    ids = torch.tensor([[0] * 40 + [1] * 90 + [2] * 21, [5] * 151])
+    segments = [(0, 0, 40), (0, 40, 130), (1, 0, 151)]  # (b, start, stop); row 0's 130.. none
+    made.append(tile_intervals.segments_intervals(segments, 2, T, causal))
+    if causal:
+        made += [tile_intervals.documents_intervals(ids, left) for left in (0, 9, 200)]
+        L, gen = 11, torch.Generator().manual_seed(0)
+        allowed = torch.zeros(2, 1, T, L + 1, dtype=torch.bool)
+        for b in range(2):
+            for p in range(T):  # row p: columns a .. e - 1 (keys p - L + a ..), none before 0
+                a, e = sorted(torch.randint(max(0, L - p), L + 2, (2,), generator=gen).tolist())
+                allowed[b, 0, p, a:e] = True
+        band = tile_intervals.band_intervals(BandMask(L, allowed))
+        assert band is not None
+        made.append(band)
+    for iv in made:
+        for B_, H_ in ((iv.lo.shape[0], iv.lo.shape[1]), (2, 4), (2, 8)):
+            assert iv.pairs(B_, H_) == _dense_pairs(iv.lo, iv.hi, B_, H_), iv

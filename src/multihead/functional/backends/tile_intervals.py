@@ -98,16 +98,33 @@ def library(extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
 
 class Intervals(NamedTuple):
     """Row i of batch row b, head h sees keys lo[b, h, i] .. hi[b, h, i] - 1 (int32, (B or 1,
-    H or 1, T), rows contiguous); lo >= hi: no key."""
+    H or 1, T), rows contiguous); lo >= hi: no key. `allowed`: the pairs they allow over their
+    own (B or 1, H or 1, T), found where they are made (once for a held plan).
+
+    Why count them there: the per-call thread choice weighs a call's pairs, and counting
+    them per call on its (B, H, T) intervals took five small torch ops, each a parallel
+    region above 32768 elements: beside a busy process each waited for a descheduled thread,
+    ~4 ms apiece, ~25-40 ms of a (1, 8, 8192, 64) general_mod call (forward and backward),
+    against ~0.2 ms idle."""
 
     lo: Tensor
     hi: Tensor
+    allowed: int
+
+    def pairs(self, B: int, H: int) -> int:
+        """The pairs of a call of B batch rows and H heads (the intervals expanded to it)."""
+        return self.allowed * (B // self.lo.shape[0]) * (H // self.lo.shape[1])
+
+
+def counted(lo: Tensor, hi: Tensor) -> Intervals:
+    """Intervals of lo, hi with their pairs counted (torch ops on their own shape)."""
+    return Intervals(lo, hi, int(_pairs(lo, hi)))
 
 
 def window_intervals(left: int, T: int) -> Intervals:
     """A causal window of left + 1 keys: keys i - left .. i."""
     i = torch.arange(T, dtype=torch.int32)
-    return Intervals((i - left).clamp_(min=0)[None, None], (i + 1)[None, None])
+    return Intervals((i - left).clamp_(min=0)[None, None], (i + 1)[None, None], _window(T, left))
 
 
 def band_intervals(band: BandMask) -> Intervals | None:
@@ -124,7 +141,7 @@ def band_intervals(band: BandMask) -> Intervals | None:
     p = torch.arange(T, dtype=torch.int32)
     lo = torch.where(some, p - L + first, p + 1)
     hi = torch.where(some, p - L + last + 1, p + 1)
-    return Intervals(lo.contiguous(), hi.contiguous())
+    return counted(lo.contiguous(), hi.contiguous())
 
 
 def interval_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -149,7 +166,7 @@ def _strides(*tensors: Tensor) -> ctypes.Array:
 
 def _run(
     call: Callable[..., None],
-    pairs: Tensor,
+    pairs: Tensor | int,
     q: Tensor,
     k: Tensor,
     kv: list[Tensor],
@@ -181,8 +198,19 @@ def _pairs(lo: Tensor, hi: Tensor) -> Tensor:
     return (hi - lo).clamp_(min=0).sum()
 
 
-def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor, lse: Tensor):
-    """Write out (B, H, T, D; rows of D contiguous) and lse (B, H, T; contiguous)."""
+def interval_forward(
+    q,
+    k,
+    v,
+    lo: Tensor,
+    hi: Tensor,
+    scale: float,
+    out: Tensor,
+    lse: Tensor,
+    pairs: int | None = None,
+):
+    """Write out (B, H, T, D; rows of D contiguous) and lse (B, H, T; contiguous). `pairs`:
+    those lo, hi allow (`Intervals.pairs`), else counted here."""
     lib = library()
     assert lib is not None
 
@@ -195,7 +223,16 @@ def interval_forward(q, k, v, lo: Tensor, hi: Tensor, scale: float, out: Tensor,
             lo.data_ptr(), hi.data_ptr(), st, B, H, k.shape[1], T, D, scale, threads,
         )  # fmt: skip
 
-    _run(call, _pairs(lo, hi), q, k, [k, v], [q, out, lse, lo, hi], v, out)
+    _run(
+        call,
+        _pairs(lo, hi) if pairs is None else pairs,
+        q,
+        k,
+        [k, v],
+        [q, out, lse, lo, hi],
+        v,
+        out,
+    )
 
 
 def rows_contiguous(t: Tensor) -> Tensor:
@@ -209,8 +246,11 @@ def rows_contiguous(t: Tensor) -> Tensor:
     return t[distinct].contiguous().expand(t.shape)
 
 
-def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv):
-    """Write all of dq (B, H, T, D), dk, dv (B, Hkv, T, D) (rows of D contiguous, float32)."""
+def interval_backward(
+    q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv, pairs: int | None = None
+):
+    """Write all of dq (B, H, T, D), dk, dv (B, Hkv, T, D) (rows of D contiguous, float32).
+    `pairs`: as `interval_forward`'s."""
     lib = library()
     assert lib is not None
     grad_out = rows_contiguous(grad_out)
@@ -226,7 +266,9 @@ def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk,
         )  # fmt: skip
 
     qh = [q, grad_out, out, lse, lo, hi, dq]
-    _run(call, _pairs(lo, hi), q, k, [k, v, dk, dv], qh, v, grad_out, dq)
+    _run(
+        call, _pairs(lo, hi) if pairs is None else pairs, q, k, [k, v, dk, dv], qh, v, grad_out, dq
+    )
 
 
 def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals | None:
@@ -251,7 +293,8 @@ def documents_intervals(ids: Tensor, left: int) -> Intervals | None:
         return None
     docs = segments_intervals(segments, ids.shape[0], ids.shape[1], causal=True)
     p = torch.arange(ids.shape[1], dtype=torch.int32)
-    return Intervals(torch.maximum(docs.lo, p - left).contiguous(), docs.hi)
+    count = sum(_window(stop - start, left) for _, start, stop in segments)
+    return Intervals(torch.maximum(docs.lo, p - left).contiguous(), docs.hi, count)
 
 
 def structure_intervals(structure, causal: bool, mask, bias, q: Tensor, k: Tensor):
@@ -298,8 +341,17 @@ def segments_intervals(segments: list, B: int, T: int, causal: bool) -> Interval
     or start .. stop - 1; a position in no run sees nothing."""
     p = torch.arange(T, dtype=torch.int32)
     lo, hi = (p + 1).repeat(B, 1), (p + 1).repeat(B, 1)  # (B, T): no key
+    count = 0
     for b, start, stop in segments:
         lo[b, start:stop] = start
         if not causal:
             hi[b, start:stop] = stop
-    return Intervals(lo[:, None], hi[:, None])
+        n = stop - start
+        count += n * (n + 1) // 2 if causal else n * n
+    return Intervals(lo[:, None], hi[:, None], count)
+
+
+def _window(n: int, left: int) -> int:
+    """The pairs of n rows that each see the keys up to left before them (from key 0 on)."""
+    full = min(n, left + 1)  # rows 0 .. full - 1 see every key up to their own
+    return full * (full + 1) // 2 + (n - full) * (left + 1)

@@ -502,8 +502,9 @@ def _forward(q, k, v, mask, bias, setup) -> tuple[Tensor, Tensor]:
     if setup.masked is not None:
         _masked_forward(setup.masked, setup.scale, q, k, v, out, lse)
     if setup.intervals is not None:
-        lo, hi = (t.expand(B, H, tq) for t in setup.intervals)
-        interval_forward(q, k, v, lo, hi, setup.scale, out, lse)
+        iv = setup.intervals
+        lo, hi = iv.lo.expand(B, H, tq), iv.hi.expand(B, H, tq)
+        interval_forward(q, k, v, lo, hi, setup.scale, out, lse, iv.pairs(B, H))
     if setup.rows:
         _plan_forward(setup, q, k, v, mask, bias, out, lse)
     return out, lse
@@ -665,8 +666,10 @@ def _backward(q, k, v, mask, bias, out, lse, grad_out, setup: _Setup, grads, wan
         _masked_backward(setup.masked, setup.scale, q, k, v, grad_out, out, lse, dq, dk, dv)
     if setup.intervals is not None:
         B, H, T = lse.shape
-        lo, hi = (t.expand(B, H, T) for t in setup.intervals)
-        interval_backward(q, k, v, grad_out, out, lse, lo, hi, setup.scale, dq, dk, dv)
+        iv = setup.intervals
+        lo, hi = iv.lo.expand(B, H, T), iv.hi.expand(B, H, T)
+        pairs = iv.pairs(B, H)
+        interval_backward(q, k, v, grad_out, out, lse, lo, hi, setup.scale, dq, dk, dv, pairs)
     if rows:
         _plan_backward(setup, q, k, v, mask, bias, out, lse, grad_out, delta, grads, dbias, fused)
     return dbias
