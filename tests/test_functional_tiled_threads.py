@@ -360,3 +360,35 @@ def test_recorded_choices_lists_each_fast_path_call_of_its_block(monkeypatch, tw
     for got in ((out, *grads), (out_w, *grads_w)):
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-4)
+
+
+def test_workers_let_go_of_their_units(two_threads):
+    """No worker holds a unit after the call: a unit holds views of the caller's tensors,
+    and autograd takes a gradient into .grad only where nothing else holds it."""
+    import functools
+    import weakref
+
+    class Held:
+        pass
+
+    held = [Held() for _ in range(5)]
+    refs = [weakref.ref(h) for h in held]
+    tile_threads.run([functools.partial(lambda h: None, h) for h in held], 2)
+    del held
+    assert [r() for r in refs] == [None] * 5
+
+
+@pytest.mark.parametrize("kind", ["window", "documents", "prefix"])
+def test_a_backward_on_the_workers_hands_its_gradients_to_grad_uncopied(two_threads, kind):
+    """A leaf's .grad after a backward whose units ran on the workers is the gradient the
+    backward made, taken, not a copy of it (a worker holding its last unit made autograd
+    copy each of dq, dk, dv)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, T, 16, requires_grad=True) for _ in range(3))
+    made = {}
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        t.register_hook(lambda g, name=name: made.__setitem__(name, g.data_ptr()))
+    with tile_threads.recorded_choices() as seen:
+        attention(q, k, v, causal=True, backend="tiled", **_args(kind, 2)).sum().backward()
+    assert seen and all(n == 2 for n in seen)  # (on the workers)
+    assert {n: t.grad.data_ptr() for n, t in (("q", q), ("k", k), ("v", v))} == made
