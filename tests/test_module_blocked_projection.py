@@ -55,14 +55,15 @@ def test_it_serves_structured_cpu_calls_long_enough_for_the_tiled_backend():
 
 @pytest.fixture
 def spies(monkeypatch):
-    """Counts blocked projections and records whether the tiled backend found q, k, v as
-    views covering one buffer (so it wrote their gradients in place)."""
-    seen = {"blocked": 0, "covers": []}
+    """Records the blocks of each blocked projection (3: q, k, v; 1: the output projection)
+    and whether the tiled backend found q, k, v as views covering one buffer (so it wrote
+    their gradients in place)."""
+    seen = {"blocked": [], "covers": []}
     blocked = attention_module.blocked_projection
     views = tile_packed.packed_views
 
     def count(*args):
-        seen["blocked"] += 1
+        seen["blocked"].append(len(args[3]))
         return blocked(*args)
 
     def record(q, k, v):
@@ -105,9 +106,9 @@ def test_module_structure_through_blocks_equals_the_dense_mask(spies, kind, kv_h
         kind, {"documents": _documents(B, T)}
     )
     out = m(x, **args)
-    assert spies["blocked"] == 1 and spies["covers"] == [True]
+    assert spies["blocked"] == [3, 1] and spies["covers"] == [True]  # q, k, v; the output
     ref = m(x, mask=_dense(kind, B, T), causal=False)  # (the masks hold causality)
-    assert spies["blocked"] == 1  # (a dense mask keeps the one matmul)
+    assert spies["blocked"] == [3, 1]  # (a dense mask keeps the one matmul, F.linear out)
     assert_close(out, ref, torch.float64)
     g = torch.randn_like(out)
     params = [x, *m.parameters()]
@@ -118,9 +119,10 @@ def test_module_structure_through_blocks_equals_the_dense_mask(spies, kind, kv_h
 
 
 def test_a_module_beside_a_busy_process_projects_in_units_on_the_workers(monkeypatch):
-    """The module's own weights are Parameters: beside a busy process its blocked projection
-    runs as units of rows on the workers (forward and backward), and the module's result and
-    every gradient equal the dense-mask path's (fp64)."""
+    """The module's own weights are Parameters: beside a busy process its blocked q, k, v
+    projection and its output projection run as units of rows on the workers (forward and
+    backward), and the module's result and every gradient equal the dense-mask path's
+    (fp64)."""
     from multihead.functional.backends import tile_threads
     from multihead.modules import blocked_units
 
@@ -138,11 +140,11 @@ def test_a_module_beside_a_busy_process_projects_in_units_on_the_workers(monkeyp
     torch.set_num_threads(2)
     try:
         out = m(x, documents=ids)
-        assert ran == [2]  # the forward's products, as units on two workers
+        assert ran == [2, 2]  # the forward's products (q, k, v; out), units on two workers
         g = torch.randn_like(out)
         params = [x, *m.parameters()]
         got = torch.autograd.grad(out, params, g)
-        assert ran == [2, 2]  # and the gradients'
+        assert ran == [2, 2, 2, 2]  # and the gradients'
     finally:
         torch.set_num_threads(before)
     ref = m(x, mask=_dense("documents", B, T), causal=False)
@@ -158,7 +160,7 @@ def test_calls_it_does_not_serve_keep_the_fused_matmul(spies):
     m(x[:, :512], window=64)  # too short for the tiled backend
     with torch.no_grad():
         m(x, window=64)  # (no gradient: blocks serve the forward alone too)
-    assert spies["blocked"] == 1
+    assert spies["blocked"] == [3, 1]
 
 
 @pytest.mark.parametrize("args", [{"window": 64}, {"prefix": 10}])
@@ -171,9 +173,11 @@ def test_an_empty_batch_gives_an_empty_result(args):
     assert x.grad.shape == x.shape
 
 
-def test_a_parametrized_in_proj_runs_through_its_own_forward():
+@pytest.mark.parametrize("layer", ["in_proj", "out_proj"])
+def test_a_parametrized_projection_runs_through_its_own_forward(layer):
     # (torch.nn.utils.parametrize moves the weight out of _parameters: the plain-layer test
-    # once raised KeyError on it)
+    # once raised KeyError on it; a structured call's output projection goes through blocks
+    # only where the layer is plain, like its q, k, v projection)
     from torch.nn.utils import parametrize
 
     class Doubled(torch.nn.Module):
@@ -185,8 +189,8 @@ def test_a_parametrized_in_proj_runs_through_its_own_forward():
     plain = MultiHeadAttention(16, 2, causal=True).double()
     plain.load_state_dict(m.state_dict())
     with torch.no_grad():
-        plain.in_proj.weight.mul_(2)
-    parametrize.register_parametrization(m.in_proj, "weight", Doubled())
+        getattr(plain, layer).weight.mul_(2)
+    parametrize.register_parametrization(getattr(m, layer), "weight", Doubled())
     x = torch.randn(1, 1030, 16, dtype=torch.float64)
     for args in ({}, {"window": 64}):
         assert_close(m(x, **args), plain(x, **args), torch.float64)

@@ -46,7 +46,7 @@ from .attention_keys import queries_and_keys
 from .attention_packed import forward_packed, refuse_with_lengths
 from .attention_plain import plain_forward, static_row_attention
 from .attention_positions import position_bias
-from .attention_project import output, project, project_key_value, project_query
+from .attention_project import blocked_output, output, project, project_key_value, project_query
 from .blocked_projection import blocked_projection_serves
 from .cache import CrossKVCache, KVCache, checkpoints, roll_back
 from .projections import plain_pair
@@ -427,7 +427,8 @@ class MultiHeadAttention(AttentionWeights, nn.Module):
         except (ValueError, TypeError):
             roll_back(points)
             raise
-        y = self._output(out, hooks)
+        # (q, k, v as blocks: the output projection as one too, see `blocked_output`)
+        y = blocked_output(self, out) if blocked and hooks is None else self._output(out, hooks)
         if x.unbatched:
             y = y[0]
             weights = None if weights is None else weights[0]
