@@ -63,9 +63,13 @@ def reference(q, k, v, allowed, grad_out):
 
 def run_kernel(q, k, v, lo, hi, grad_out):
     out, lse = torch.empty(B, H, T, D), torch.empty(B, H, T)
-    tile_intervals.interval_forward(q, k, v, lo, hi, SCALE, out, lse)
+    tile_intervals.interval_forward(
+        q, k, v, lo, hi, SCALE, out, lse, _dense_pairs(lo, hi, *lo.shape[:2])
+    )
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tile_intervals.interval_backward(q, k, v, grad_out, out, lse, lo, hi, SCALE, dq, dk, dv)
+    tile_intervals.interval_backward(
+        q, k, v, grad_out, out, lse, lo, hi, SCALE, dq, dk, dv, _dense_pairs(lo, hi, *lo.shape[:2])
+    )
     return out, lse, dq, dk, dv
 
 
@@ -115,9 +119,13 @@ def test_rows_past_one_chunk_against_the_reference(monkeypatch, case, busy):
     q, k, v = torch.randn(2, 4, n, 32), torch.randn(2, 2, n, 32), torch.randn(2, 2, n, 32)
     grad_out = torch.randn(2, 4, n, 32)
     out, lse = torch.empty(2, 4, n, 32), torch.empty(2, 4, n)
-    tile_intervals.interval_forward(q, k, v, lo, hi, SCALE, out, lse)
+    tile_intervals.interval_forward(
+        q, k, v, lo, hi, SCALE, out, lse, _dense_pairs(lo, hi, *lo.shape[:2])
+    )
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tile_intervals.interval_backward(q, k, v, grad_out, out, lse, lo, hi, SCALE, dq, dk, dv)
+    tile_intervals.interval_backward(
+        q, k, v, grad_out, out, lse, lo, hi, SCALE, dq, dk, dv, _dense_pairs(lo, hi, *lo.shape[:2])
+    )
     j = torch.arange(n)
     allowed = (j >= lo[..., None].long()) & (j < hi[..., None].long())
     for a, b in zip((out, dq, dk, dv), reference(q, k, v, allowed, grad_out), strict=True):

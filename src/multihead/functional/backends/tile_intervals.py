@@ -166,7 +166,7 @@ def _strides(*tensors: Tensor) -> ctypes.Array:
 
 def _run(
     call: Callable[..., None],
-    pairs: Tensor | int,
+    pairs: int,
     q: Tensor,
     k: Tensor,
     kv: list[Tensor],
@@ -182,7 +182,7 @@ def _run(
     only its own unit). The size it weighs is the pairs the intervals allow (what this
     kernel computes), not the dense B H T^2 of the band paths' calls."""
     threads = workers(q, k, *more)
-    n = per_call(threads, int(pairs))
+    n = per_call(threads, pairs)
     if n <= 1:
         call(kv, qh, threads)
         return
@@ -198,19 +198,9 @@ def _pairs(lo: Tensor, hi: Tensor) -> Tensor:
     return (hi - lo).clamp_(min=0).sum()
 
 
-def interval_forward(
-    q,
-    k,
-    v,
-    lo: Tensor,
-    hi: Tensor,
-    scale: float,
-    out: Tensor,
-    lse: Tensor,
-    pairs: int | None = None,
-):
+def interval_forward(q, k, v, lo, hi, scale: float, out: Tensor, lse: Tensor, pairs: int):
     """Write out (B, H, T, D; rows of D contiguous) and lse (B, H, T; contiguous). `pairs`:
-    those lo, hi allow (`Intervals.pairs`), else counted here."""
+    those lo, hi allow (`Intervals.pairs`: counted where the intervals were made)."""
     lib = library()
     assert lib is not None
 
@@ -223,16 +213,7 @@ def interval_forward(
             lo.data_ptr(), hi.data_ptr(), st, B, H, k.shape[1], T, D, scale, threads,
         )  # fmt: skip
 
-    _run(
-        call,
-        _pairs(lo, hi) if pairs is None else pairs,
-        q,
-        k,
-        [k, v],
-        [q, out, lse, lo, hi],
-        v,
-        out,
-    )
+    _run(call, pairs, q, k, [k, v], [q, out, lse, lo, hi], v, out)
 
 
 def rows_contiguous(t: Tensor) -> Tensor:
@@ -246,9 +227,7 @@ def rows_contiguous(t: Tensor) -> Tensor:
     return t[distinct].contiguous().expand(t.shape)
 
 
-def interval_backward(
-    q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv, pairs: int | None = None
-):
+def interval_backward(q, k, v, grad_out, out, lse, lo, hi, scale: float, dq, dk, dv, pairs: int):
     """Write all of dq (B, H, T, D), dk, dv (B, Hkv, T, D) (rows of D contiguous, float32).
     `pairs`: as `interval_forward`'s."""
     lib = library()
@@ -266,9 +245,7 @@ def interval_backward(
         )  # fmt: skip
 
     qh = [q, grad_out, out, lse, lo, hi, dq]
-    _run(
-        call, _pairs(lo, hi) if pairs is None else pairs, q, k, [k, v, dk, dv], qh, v, grad_out, dq
-    )
+    _run(call, pairs, q, k, [k, v, dk, dv], qh, v, grad_out, dq)
 
 
 def interval_plan(band, masked, mask, bias, q: Tensor, k: Tensor) -> Intervals | None:
